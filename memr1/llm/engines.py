@@ -1,0 +1,274 @@
+"""Generation engines: one interface over Hugging Face models (CPU, tests) and vLLM (GPU rollouts).
+
+Both engines render prompts the same way (`encode_prompts`), return the same `Generation` records and
+agree on what `logprobs` means:
+
+    logprobs[t] = log softmax(raw logits)[response_ids[t]]
+
+the policy's own log-probability at temperature 1, before temperature, top-p or any other processing.
+That is what PPO / GRPO need as `old_logprobs` (the training forward computes the same quantity), and it
+equals the log-probability of the sampling distribution exactly when rollouts use temperature 1 and
+top_p 1, as the paper does. With another temperature or top_p, or greedy decoding, the values are still
+the temperature-1 policy's, not the sampler's. vLLM's default `logprobs_mode="raw_logprobs"` is the same
+quantity.
+
+Response conventions, shared by both engines:
+- an EOS token ends a response and is kept as its last id (the RL loss must learn to emit it); `text` is
+  decoded with special tokens skipped, so it holds no EOS;
+- a stop string ends a response: `text` stops just before the first stop string, and `response_ids` /
+  `logprobs` keep the tokens up to and including the one that completed it (the policy chose them, and
+  they ended the episode just as EOS does);
+- `finish_reason` is "stop" for EOS or a stop string, "length" when `max_new_tokens` ran out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from memr1.llm.padding import left_pad, position_ids_from_attention_mask
+from memr1.llm.sampling import SamplingConfig, choose_tokens, cut_at_first_stop
+
+ChatMessages = Sequence[Mapping[str, str]]
+Prompt = str | ChatMessages
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled response to one prompt (see the module docstring for the conventions)."""
+
+    text: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]  # temperature-1 policy log-probabilities of response_ids, same length
+    finish_reason: Literal["stop", "length"]
+
+
+class GenerationEngine(Protocol):
+    """Anything that turns prompts into sampled responses: `result[prompt_index][sample_index]`."""
+
+    tokenizer: PreTrainedTokenizerBase
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[list[Generation]]: ...
+
+
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt]) -> list[list[int]]:
+    """Token ids of each prompt.
+
+    A string is tokenized as is (with the tokenizer's usual special tokens, e.g. Llama's BOS). A list of
+    chat messages (`{"role": ..., "content": ...}`) goes through the tokenizer's chat template with
+    `add_generation_prompt=True`; the rendered text already holds its special tokens, so none are added.
+    """
+    if isinstance(prompts, (str, Mapping)):
+        raise TypeError(f"prompts: expected a sequence of prompts, got a single {type(prompts).__name__}")
+    encoded = []
+    for index, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            ids = tokenizer(prompt)["input_ids"]
+        else:
+            ids = tokenizer(_render_chat(tokenizer, prompt, index), add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ValueError(f"prompts[{index}]: empty after tokenization; a prompt needs at least one token")
+        encoded.append(list(ids))
+    return encoded
+
+
+def _render_chat(tokenizer: PreTrainedTokenizerBase, messages: Any, index: int) -> str:
+    if not isinstance(messages, Sequence) or not messages:
+        raise TypeError(
+            f"prompts[{index}]: expected a string or a non-empty list of chat messages, "
+            f"got {type(messages).__name__}"
+        )
+    for position, message in enumerate(messages):
+        if (
+            not isinstance(message, Mapping)
+            or not isinstance(message.get("role"), str)
+            or not isinstance(message.get("content"), str)
+        ):
+            raise TypeError(f"prompts[{index}][{position}]: a chat message needs string 'role' and 'content'")
+    if tokenizer.chat_template is None:
+        raise ValueError(
+            f"prompts[{index}]: chat messages need a chat template and tokenizer {tokenizer.name_or_path!r} "
+            "has none; pass the prompt as a string"
+        )
+    plain = [{"role": message["role"], "content": message["content"]} for message in messages]
+    return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+
+
+def default_eos_token_ids(
+    tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None = None
+) -> frozenset[int]:
+    """Every token id that ends a response: the tokenizer's EOS and the model's generation-config EOS
+    ids (Llama 3.1 and Qwen 2.5 instruct models list several)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured is not None:
+        ids.update(configured)
+    return frozenset(ids)
+
+
+class HFEngine:
+    """Batched sampling from a Hugging Face causal LM with a KV cache, on whatever device it sits.
+
+    The decoding loop is written here rather than delegated to `model.generate` so that nothing from a
+    checkpoint's `generation_config` (Qwen ships top_k 20 and a repetition penalty) silently changes the
+    sampling distribution: exactly `SamplingConfig` applies. Prompts of different lengths are
+    left-padded and masked, with position ids counted over real tokens, so a batched response equals
+    the one generated alone (up to float rounding).
+    The model is run under `torch.no_grad()` in eval mode; its previous mode is restored afterwards.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        batch_size: int = 8,
+        eos_token_ids: Sequence[int] | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"HFEngine.batch_size: must be >= 1, got {batch_size}")
+        if tokenizer.pad_token_id is None:
+            raise ValueError(
+                f"tokenizer {tokenizer.name_or_path!r} has no pad token; load it with load_tokenizer"
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.eos_token_ids = (
+            frozenset(eos_token_ids) if eos_token_ids is not None else default_eos_token_ids(tokenizer, model)
+        )
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[list[Generation]]:
+        prompt_ids = encode_prompts(self.tokenizer, prompts)
+        # One request per (prompt, sample); sorting by length keeps the padding in each batch small.
+        requests = sorted(
+            ((index, sample) for index in range(len(prompt_ids)) for sample in range(sampling.n)),
+            key=lambda request: len(prompt_ids[request[0]]),
+        )
+        results: list[list[Generation | None]] = [[None] * sampling.n for _ in prompt_ids]
+        device = next(self.model.parameters()).device
+        generator = None
+        if sampling.seed is not None and not sampling.greedy:
+            generator = torch.Generator(device=device).manual_seed(sampling.seed)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for start in range(0, len(requests), self.batch_size):
+                    batch = requests[start : start + self.batch_size]
+                    generations = self._generate_batch(
+                        [prompt_ids[index] for index, _ in batch], sampling, generator
+                    )
+                    for (index, sample), generation in zip(batch, generations, strict=True):
+                        results[index][sample] = generation
+        finally:
+            self.model.train(was_training)
+        return results  # type: ignore[return-value]  # every slot was filled above
+
+    def _generate_batch(
+        self, prompts: list[list[int]], sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> list[Generation]:
+        device = next(self.model.parameters()).device
+        input_ids, attention_mask = left_pad(prompts, self.tokenizer.pad_token_id)
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        position_ids = position_ids_from_attention_mask(attention_mask)
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,  # the prompt's other logits would cost bs x L x vocab floats for nothing
+        ).logits[:, -1, :]
+        responses: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        finished = [False] * len(prompts)
+        for step in range(sampling.max_new_tokens):
+            logits = logits.float()
+            chosen = choose_tokens(logits, sampling.temperature, sampling.top_p, generator)
+            chosen_logprobs = logits.log_softmax(dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
+            for row, (token, logprob) in enumerate(
+                zip(chosen.tolist(), chosen_logprobs.tolist(), strict=True)
+            ):
+                if finished[row]:
+                    continue
+                responses[row].append(token)
+                logprobs[row].append(logprob)
+                finished[row] = token in self.eos_token_ids or self._hit_stop(responses[row], sampling.stop)
+            if all(finished) or step == sampling.max_new_tokens - 1:
+                break
+            # Finished rows keep decoding (their tokens are ignored) so the batch keeps one shape.
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(prompts), 1))], dim=-1)
+            position_ids = position_ids[:, -1:] + 1
+            logits = self.model(
+                input_ids=chosen[:, None],
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                cache=cache,
+                use_cache=True,
+            ).logits[:, -1, :]
+        return [
+            self._finish(prompt, response, response_logprobs, sampling.stop)
+            for prompt, response, response_logprobs in zip(prompts, responses, logprobs, strict=True)
+        ]
+
+    def _hit_stop(self, response: list[int], stop: tuple[str, ...]) -> bool:
+        return (
+            bool(stop)
+            and cut_at_first_stop(self.tokenizer.decode(response, skip_special_tokens=True), stop)[1]
+        )
+
+    def _finish(
+        self, prompt: list[int], response: list[int], logprobs: list[float], stop: tuple[str, ...]
+    ) -> Generation:
+        text, hit_stop = cut_at_first_stop(self.tokenizer.decode(response, skip_special_tokens=True), stop)
+        ended = hit_stop or (bool(response) and response[-1] in self.eos_token_ids)
+        return Generation(
+            text=text,
+            prompt_ids=prompt,
+            response_ids=response,
+            logprobs=logprobs,
+            finish_reason="stop" if ended else "length",
+        )
+
+
+def build_engine(
+    kind: Literal["hf", "vllm"],
+    *,
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    name_or_path: str | None = None,
+    batch_size: int = 8,
+    **vllm_options: Any,
+) -> GenerationEngine:
+    """Build a rollout engine from a config's `kind`.
+
+    "hf": samples from `model` itself (the policy being trained: no weight sync needed); needs `model`
+        and `tokenizer`, uses `batch_size`.
+    "vllm": a vLLM engine serving `name_or_path` (hub id, directory or `embedded:` name), kept in sync by
+        `load_weights` / `load_lora`; `tokenizer` is optional, `vllm_options` go to `VLLMEngine`.
+    """
+    if kind == "hf":
+        if model is None or tokenizer is None:
+            raise ValueError("build_engine('hf'): needs model= and tokenizer=")
+        if vllm_options:
+            raise TypeError(
+                f"build_engine('hf'): unexpected options {sorted(vllm_options)} (they are vLLM's)"
+            )
+        return HFEngine(model, tokenizer, batch_size=batch_size)
+    if kind == "vllm":
+        if name_or_path is None:
+            raise ValueError("build_engine('vllm'): needs name_or_path=")
+        from memr1.llm.vllm_engine import VLLMEngine
+
+        return VLLMEngine(name_or_path, tokenizer=tokenizer, **vllm_options)
+    raise ValueError(f"build_engine: unknown kind {kind!r}; expected 'hf' or 'vllm'")

@@ -1,0 +1,45 @@
+"""A tiny, randomly initialised causal LM over a real tokenizer, for fast tests across the project."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+
+
+def tiny_causal_lm(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    head_dim: int = 16,
+    init_std: float = 0.5,
+) -> LlamaForCausalLM:
+    """A Llama-architecture model (default: 2 layers, hidden 64, 4 heads of 16) with `tokenizer`'s
+    vocabulary and special tokens, built in about a tenth of a second, fp32, eval mode.
+
+    The same seed gives the same weights, drawn from a private RNG (the global one is left as it was).
+    `init_std` is far above a real model's 0.02 on purpose: it spreads the logits, so greedy choices are
+    never near-ties that float noise could flip, and sampled texts differ. Use head_dim >= 64 for vLLM.
+    """
+    vocab_size = len(tokenizer)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        initializer_range=init_std,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model.eval()

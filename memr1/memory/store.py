@@ -1,0 +1,257 @@
+"""One bank's Milvus collection: the store of record (a Milvus Lite `.db` directory or a server URI).
+
+Each row is one memory, deleted ones included (deletes are soft). Rows are written before the
+in-process index changes, so whatever a bank has acknowledged is on disk: Milvus Lite appends every
+write to its log before answering.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+from pymilvus import DataType, MilvusClient, MilvusException
+
+from memr1.memory.errors import BankLockedError, MemoryBankError
+from memr1.memory.expr import field_equals
+from memr1.memory.records import (
+    MAX_SPEAKER_BYTES,
+    MAX_TEXT_BYTES,
+    MAX_TIMESTAMP_BYTES,
+    Revision,
+    StoredMemory,
+)
+from memr1.types import MemoryEntry
+
+FIELDS = ("id", "vector", "text", "speaker", "timestamp", "provenance", "created_step", "updated_step", "deleted", "history")
+SCALAR_FIELDS = [name for name in FIELDS if name != "vector"]
+MAX_ID_BYTES = 128
+WRITE_BATCH = 1_000  # rows per insert request: ~1.6 MB of vectors, far below gRPC's message limit
+READ_BATCH = 2_000
+_COLLECTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
+# Milvus Lite 3.x keeps an flock on this file inside the .db directory while a process has it open.
+_LITE_LOCK_FILE = "LOCK"
+
+# A Milvus Lite server runs inside this process per open .db path; it stops when its last store closes,
+# which releases the file lock for other processes.
+_lite_users: dict[str, int] = {}
+
+
+def is_lite_uri(uri: str) -> bool:
+    return uri.endswith(".db")
+
+
+def resolve_uri(uri: str | Path) -> str:
+    """A `.db` path made absolute (one key per file), or a server URI unchanged."""
+    uri = str(uri)
+    if is_lite_uri(uri):
+        return os.path.abspath(uri)
+    if re.match(r"(https?|tcp|unix)://", uri) is None and not uri.startswith("unix:"):
+        raise ValueError(
+            f"Milvus URI {uri!r}: expected a local Milvus Lite path ending in .db or a server URI "
+            "(http://host:port, https://..., tcp://..., unix:...)"
+        )
+    return uri
+
+
+class MilvusStore:
+    """Reads and writes the rows of one collection."""
+
+    def __init__(self, client: MilvusClient, uri: str, collection: str) -> None:
+        self.client = client
+        self.uri = uri
+        self.collection = collection
+
+    @classmethod
+    def open(cls, uri: str, collection: str, dim: int, token: str = "") -> MilvusStore:
+        """Connect to `uri` (resolved by `resolve_uri`), create the collection if missing, check its
+        schema and load it (Milvus Lite reopens collections unloaded)."""
+        if not _COLLECTION_NAME.fullmatch(collection):
+            raise ValueError(
+                f"bank name {collection!r}: Milvus collection names are 1-255 letters, digits and "
+                "underscores, not starting with a digit (e.g. 'conv_26' for conversation 'conv-26')"
+            )
+        client = _connect(uri, token)
+        store = cls(client, uri, collection)
+        try:
+            if client.has_collection(collection):
+                store._check_schema(dim)
+            else:
+                store._create(dim)
+            client.load_collection(collection)
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def _create(self, dim: int) -> None:
+        schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
+        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
+        schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
+        schema.add_field("speaker", DataType.VARCHAR, max_length=MAX_SPEAKER_BYTES)
+        schema.add_field("timestamp", DataType.VARCHAR, max_length=MAX_TIMESTAMP_BYTES)
+        schema.add_field("provenance", DataType.JSON)
+        schema.add_field("created_step", DataType.INT64)
+        schema.add_field("updated_step", DataType.INT64)
+        schema.add_field("deleted", DataType.BOOL)
+        schema.add_field("history", DataType.JSON)
+        index_params = self.client.prepare_index_params()
+        # FLAT: exact search. HNSW / IVF lose recall under a speaker filter.
+        index_params.add_index("vector", index_type="FLAT", metric_type="IP")
+        self.client.create_collection(
+            self.collection, schema=schema, index_params=index_params, consistency_level="Strong"
+        )
+
+    def _check_schema(self, dim: int) -> None:
+        fields = {field["name"]: field for field in self.client.describe_collection(self.collection)["fields"]}
+        missing = [name for name in FIELDS if name not in fields]
+        where = f"{self.uri}: collection {self.collection!r}"
+        if missing:
+            raise MemoryBankError(f"{where}: not a memory bank, fields missing: {', '.join(missing)}")
+        stored_dim = int(fields["vector"]["params"]["dim"])
+        if stored_dim != dim:
+            raise MemoryBankError(f"{where}: vectors have dim {stored_dim}, the embedder gives {dim}")
+
+    def insert(self, memories: Sequence[StoredMemory]) -> None:
+        self.client.insert(self.collection, [to_row(memory) for memory in memories])
+
+    def upsert(self, memories: Sequence[StoredMemory]) -> None:
+        self.client.upsert(self.collection, [to_row(memory) for memory in memories])
+
+    def rows(self) -> Iterator[StoredMemory]:
+        """Every stored memory, deleted ones included, in no particular order."""
+        quiet = _LiteSessionTsFilter() if is_lite_uri(self.uri) else None
+        if quiet:
+            _ITERATOR_LOG.addFilter(quiet)
+        try:
+            iterator = self.client.query_iterator(
+                self.collection, batch_size=READ_BATCH, filter="", output_fields=list(FIELDS)
+            )
+        finally:
+            if quiet:
+                _ITERATOR_LOG.removeFilter(quiet)
+        try:
+            while batch := iterator.next():
+                yield from (from_row(row, f"{self.uri}: collection {self.collection!r}") for row in batch)
+        finally:
+            iterator.close()
+
+    def search(self, vectors: np.ndarray, speaker: str | None, k: int) -> list[list[tuple[str, float]]]:
+        """Milvus' own exact search over live rows: vectors (q, dim) float32 -> q lists of (id, score)."""
+        expr = "deleted == false"
+        if speaker is not None:
+            expr += " and " + field_equals("speaker", speaker)
+        results = self.client.search(
+            self.collection,
+            data=vectors.tolist(),
+            anns_field="vector",
+            filter=expr,
+            limit=k,
+            output_fields=["id"],
+            search_params={"metric_type": "IP"},
+        )
+        return [[(hit["id"], float(hit["distance"])) for hit in hits] for hits in results]
+
+    def close(self) -> None:
+        self.client.close()
+        if is_lite_uri(self.uri):
+            _release_lite(self.uri)
+
+
+_ITERATOR_LOG = logging.getLogger("pymilvus.client.iterator.query_iterator")
+
+
+class _LiteSessionTsFilter(logging.Filter):
+    """Drops pymilvus' warning that the server gave no session timestamp: Milvus Lite never does, and
+    it serialises reads and writes anyway, so the warning would only repeat on every bank open."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "failed to get mvccTs" not in record.getMessage()
+
+
+def _connect(uri: str, token: str) -> MilvusClient:
+    if not is_lite_uri(uri):
+        return MilvusClient(uri=uri, token=token)
+    if not Path(uri).parent.is_dir():
+        raise FileNotFoundError(f"Milvus Lite path {uri}: directory {Path(uri).parent} does not exist")
+    try:
+        client = MilvusClient(uri=uri)
+    except MilvusException as error:
+        if _lite_lock_held(uri):
+            raise BankLockedError(uri) from error
+        raise
+    _lite_users[uri] = _lite_users.get(uri, 0) + 1
+    return client
+
+
+def _lite_lock_held(path: str) -> bool:
+    """Whether another process holds the Milvus Lite lock of `path` (probed only after a failed open:
+    had this process owned the file, pymilvus would have reused its server)."""
+    import fcntl
+
+    lock_file = Path(path) / _LITE_LOCK_FILE
+    if not lock_file.exists():
+        return False
+    with open(lock_file, "rb") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+
+
+def _release_lite(path: str) -> None:
+    _lite_users[path] -= 1
+    if _lite_users[path] == 0:
+        del _lite_users[path]
+        from milvus_lite.server_manager import server_manager_instance
+
+        server_manager_instance.release_server(path)
+
+
+def to_row(memory: StoredMemory) -> dict:
+    entry = memory.entry
+    return {
+        "id": entry.id,
+        "vector": memory.vector.tolist(),
+        "text": entry.text,
+        "speaker": entry.speaker,
+        "timestamp": entry.timestamp,
+        "provenance": list(entry.provenance),
+        "created_step": entry.created_step,
+        "updated_step": entry.updated_step,
+        "deleted": memory.deleted,
+        "history": [
+            {"action": r.action, "step": r.step, "text": r.text, "timestamp": r.timestamp, "provenance": list(r.provenance)}
+            for r in memory.history
+        ],
+    }
+
+
+def from_row(row: dict, where: str) -> StoredMemory:
+    """A stored memory from a Milvus row; `MemoryBankError` naming the row and field if malformed."""
+    row_id = row.get("id")
+    try:
+        entry = MemoryEntry(
+            id=str(row["id"]),
+            text=str(row["text"]),
+            speaker=str(row["speaker"]),
+            timestamp=str(row["timestamp"]),
+            provenance=tuple(str(source) for source in row["provenance"]),
+            created_step=int(row["created_step"]),
+            updated_step=int(row["updated_step"]),
+        )
+        history = tuple(
+            Revision(r["action"], int(r["step"]), str(r["text"]), str(r["timestamp"]), tuple(map(str, r["provenance"])))
+            for r in row["history"]
+        )
+        vector = np.asarray(row["vector"], dtype=np.float32)
+    except (KeyError, TypeError, ValueError) as error:
+        raise MemoryBankError(f"{where}: row {row_id!r}: malformed field {error}") from error
+    return StoredMemory(entry, vector, deleted=bool(row["deleted"]), history=history)

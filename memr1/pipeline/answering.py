@@ -1,0 +1,99 @@
+"""Answer questions from memory banks: retrieve per speaker, prompt the Answer Agent, parse."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from memr1.agents.answer import AnswerAgent
+from memr1.llm.engines import GenerationEngine, SamplingConfig
+from memr1.memory import MemoryView
+from memr1.pipeline.timing import StageTimer
+from memr1.types import MemoryEntry, Question
+
+
+@dataclass
+class Prediction:
+    """One answered question, as written to `predictions.jsonl`."""
+
+    qid: str
+    conversation_id: str
+    question: str
+    gold: str
+    prediction: str
+    category: int
+    retrieved_ids: list[str]
+    selected_memories: list[str]
+    format_error: str | None
+    raw_output: str
+    latency_s: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def retrieve_memories(
+    bank: MemoryView, question: str, speakers: Sequence[str], k_per_speaker: int
+) -> dict[str, list[MemoryEntry]]:
+    """The top `k_per_speaker` memories of each speaker's part of the bank, most similar first."""
+    return {speaker: bank.search(question, speaker=speaker, k=k_per_speaker) for speaker in speakers}
+
+
+def answer_questions(
+    questions: Sequence[Question],
+    banks: Mapping[str, MemoryView],
+    speakers: Mapping[str, Sequence[str]],
+    agent: AnswerAgent,
+    engine: GenerationEngine,
+    sampling: SamplingConfig,
+    k_per_speaker: int = 30,
+    batch_size: int = 8,
+    timer: StageTimer | None = None,
+    on_batch: Callable[[list[Prediction]], None] | None = None,
+) -> list[Prediction]:
+    """Answer `questions` in batches of `batch_size` prompts.
+
+    `banks` and `speakers` are keyed by conversation id. `on_batch` sees each batch's predictions as
+    soon as they exist (the evaluator appends them to its JSONL file, so a killed run loses one batch).
+    """
+    timer = timer or StageTimer()
+    predictions: list[Prediction] = []
+    for start in range(0, len(questions), batch_size):
+        batch = questions[start : start + batch_size]
+        retrieved, search_seconds = [], []
+        for question in batch:
+            with timer.time("memory_search"):
+                memories = retrieve_memories(
+                    banks[question.conversation_id],
+                    question.question,
+                    speakers[question.conversation_id],
+                    k_per_speaker,
+                )
+            search_seconds.append(timer.samples["memory_search"][-1])
+            retrieved.append(memories)
+        prompts = [agent.build_messages(q.question, memories) for q, memories in zip(batch, retrieved)]
+        with timer.time("answer", items=len(batch)):
+            outputs = engine.generate(prompts, sampling)
+        answer_seconds = timer.samples["answer"][-1]
+        batch_predictions = []
+        for question, memories, samples, search_s in zip(batch, retrieved, outputs, search_seconds):
+            parsed = agent.parse(samples[0].text)
+            batch_predictions.append(
+                Prediction(
+                    qid=question.qid,
+                    conversation_id=question.conversation_id,
+                    question=question.question,
+                    gold=question.answer,
+                    prediction=parsed.answer,
+                    category=question.category,
+                    retrieved_ids=[entry.id for entries in memories.values() for entry in entries],
+                    selected_memories=parsed.selected,
+                    format_error=parsed.format_error,
+                    raw_output=samples[0].text,
+                    latency_s={"memory_search": search_s, "answer": answer_seconds},
+                )
+            )
+        predictions.extend(batch_predictions)
+        if on_batch is not None:
+            on_batch(batch_predictions)
+    return predictions

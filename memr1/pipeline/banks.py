@@ -1,0 +1,168 @@
+"""Build one memory bank per conversation by walking its facts (or turns) in dialogue order.
+
+For each item the speaker's most similar memories are retrieved, the memory policy decides one
+operation, and the bank applies it. Banks are persisted (Milvus) and a small progress file records how
+many items each bank has consumed, so a rerun skips finished banks and a killed build resumes where
+it stopped.
+
+Crash safety: the progress file is written after the bank, so the one window is "operation applied,
+progress not yet written". Every ADD / UPDATE / DELETE advances the bank's persisted `step` by one,
+so on resume a bank whose step is ahead of the recorded one has consumed that many more items, and
+the build skips them instead of applying them twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from memr1.memory import InvalidOpError, MemoryBank
+from memr1.pipeline.managers import MemoryPolicy
+from memr1.pipeline.timing import StageTimer
+from memr1.types import Conversation, Fact
+
+log = logging.getLogger(__name__)
+
+MEMORY_SOURCES = ("observation", "raw_turns")
+
+
+def observation_facts(conversation: Conversation) -> list[Fact]:
+    """The dataset's facts, ordered by the last turn each cites (when the fact becomes known)."""
+    position = {turn.dia_id: index for index, turn in enumerate(conversation.turns())}
+
+    def known_at(fact: Fact) -> int:
+        return max((position[d] for d in fact.dia_ids if d in position), default=len(position))
+
+    return sorted(conversation.facts, key=known_at)
+
+
+def raw_turn_facts(conversation: Conversation) -> list[Fact]:
+    """Every turn as a memory, "speaker: text" (LoCoMo-RAG); a shared image's caption is kept."""
+    facts = []
+    for turn in conversation.turns():
+        text = f"{turn.speaker}: {turn.text}"
+        if turn.image_caption:
+            text += f" [shares an image: {turn.image_caption}]"
+        facts.append(Fact(text, turn.speaker, (turn.dia_id,), turn.session, turn.date_time))
+    return facts
+
+
+def memory_items(conversation: Conversation, source: str) -> list[Fact]:
+    if source == "observation":
+        if not conversation.facts:
+            raise ValueError(
+                f"conversation {conversation.sample_id} has no facts: memory.source=observation needs a "
+                "dataset with per-turn facts (LoCoMo); use memory=raw_turns"
+            )
+        return observation_facts(conversation)
+    if source == "raw_turns":
+        return raw_turn_facts(conversation)
+    raise ValueError(f"memory.source: unknown source {source!r}; choose one of {MEMORY_SOURCES}")
+
+
+def bank_name(conversation_id: str) -> str:
+    """A Milvus collection name (letters, digits, underscores) for a conversation id."""
+    return "bank_" + re.sub(r"[^0-9A-Za-z_]", "_", conversation_id)
+
+
+@dataclass
+class BuildProgress:
+    """Items consumed per bank and the bank step after the last recorded one, kept in a JSON file."""
+
+    path: Path
+
+    def load(self) -> dict[str, dict[str, int]]:
+        if not self.path.exists():
+            return {}
+        try:
+            return json.loads(self.path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{self.path}: unreadable build progress ({error}); delete it to rebuild") from None
+
+    def save(self, state: dict[str, dict[str, int]]) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
+
+
+def build_banks(
+    conversations: Sequence[Conversation],
+    banks: dict[str, MemoryBank],
+    policy: MemoryPolicy,
+    source: str,
+    progress_file: Path,
+    timer: StageTimer | None = None,
+    on_advance: Callable[[int], None] | None = None,
+) -> dict[str, int]:
+    """Bring every conversation's bank (keyed by conversation id) up to date; return items per bank.
+
+    Conversations advance in lockstep, one item each per round, so a model policy decides one batch
+    per round (banks are independent; items within a bank stay sequential). `on_advance(n)` reports
+    items consumed, for progress bars.
+    """
+    timer = timer or StageTimer()
+    tracker = BuildProgress(progress_file)
+    state = tracker.load()
+    items = {c.sample_id: memory_items(c, source) for c in conversations}
+    cursor: dict[str, int] = {}
+    for conversation_id, bank in banks.items():
+        recorded = state.get(bank.name, {"items": 0, "step": 0})
+        if bank.step < recorded["step"]:
+            raise ValueError(
+                f"{progress_file}: bank {bank.name!r} is at step {bank.step} but its build was recorded at "
+                f"step {recorded['step']}: the bank was replaced; delete the progress file to rebuild"
+            )
+        # Ops applied after the last save: each advanced the step once and consumed one item.
+        cursor[conversation_id] = recorded["items"] + (bank.step - recorded["step"])
+        if on_advance:
+            on_advance(cursor[conversation_id])
+
+    def record(conversation_id: str) -> None:
+        bank = banks[conversation_id]
+        state[bank.name] = {"items": cursor[conversation_id], "step": bank.step}
+
+    if policy.num_candidates == 0:  # no retrieval, no model: ADD everything left in one bulk write
+        for conversation_id, bank in banks.items():
+            remaining = items[conversation_id][cursor[conversation_id] :]
+            if remaining:
+                with timer.time("manager", items=len(remaining)):
+                    ops = policy.decide(remaining, [()] * len(remaining))
+                    bank.add_many(ops)
+                cursor[conversation_id] += len(remaining)
+                if on_advance:
+                    on_advance(len(remaining))
+            record(conversation_id)
+        tracker.save(state)
+        return {cid: len(items[cid]) for cid in banks}
+
+    rejected: list[str] = []
+    while True:
+        active = [cid for cid in banks if cursor[cid] < len(items[cid])]
+        if not active:
+            break
+        facts = [items[cid][cursor[cid]] for cid in active]
+        candidates = []
+        for cid, fact in zip(active, facts):
+            with timer.time("fact_retrieval"):
+                candidates.append(banks[cid].search(fact.text, speaker=fact.speaker, k=policy.num_candidates))
+        with timer.time("manager", items=len(facts)):
+            ops = policy.decide(facts, candidates)
+        for cid, op in zip(active, ops):
+            try:
+                banks[cid].apply(op)
+            except InvalidOpError as error:  # a well-parsed op the bank refuses (say, an oversized text)
+                rejected.append(f"{cid}: {error}")
+            cursor[cid] += 1
+            record(cid)
+        tracker.save(state)
+        if on_advance:
+            on_advance(len(active))
+    tracker.save(state)
+    for message in rejected:
+        log.warning("memory op rejected, treated as NOOP: %s", message)
+    return {cid: len(items[cid]) for cid in banks}

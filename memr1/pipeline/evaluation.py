@@ -1,0 +1,219 @@
+"""`python evaluate.py`: build (or reuse) the memory banks of a split, answer its questions, report.
+
+Everything here is driven by the Hydra config of `conf/evaluate.yaml`; each step is a function of
+the library (data → banks → answers → scores), so notebooks can call them one by one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from memr1.agents.answer import AnswerAgent
+from memr1.datasets.registry import category_names, load_dataset
+from memr1.embed import Embedder
+from memr1.llm.engines import GenerationEngine, build_engine
+from memr1.llm.loading import load_policy
+from memr1.llm.sampling import SamplingConfig
+from memr1.memory import MemoryBank
+from memr1.metrics.judge import EngineJudge, Judge, OpenAICompatibleJudge
+from memr1.pipeline.answering import Prediction, answer_questions
+from memr1.pipeline.banks import bank_name, build_banks, memory_items
+from memr1.pipeline.managers import AddAllPolicy, MemoryPolicy, ModelPolicy
+from memr1.pipeline.report import score_predictions, write_report
+from memr1.pipeline.timing import StageTimer
+from memr1.types import Conversation, Question
+
+log = logging.getLogger(__name__)
+
+
+def progress_bar() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+
+
+def load_split(data: DictConfig, split: str, conversations: Sequence[str] | None = None) -> list[Conversation]:
+    """The conversations of `split` (LoCoMo's conversation split; the zero-shot sets are test-only)."""
+    if data.kind == "locomo":
+        from data_modules.locomo import LoCoMoDataModule
+
+        module = LoCoMoDataModule(path=data.path, exclude_categories=data.exclude_categories)
+        module.prepare_data()
+        module.setup()
+        selected = module.conversations(split)
+    else:
+        if split != "test":
+            raise ValueError(f"split={split}: {data.kind} is a zero-shot test set; use split=test")
+        selected = load_dataset(data.kind, data.path, exclude_categories=data.exclude_categories)
+    if conversations:
+        wanted = set(conversations)
+        missing = wanted - {c.sample_id for c in selected}
+        if missing:
+            raise ValueError(f"conversations: {sorted(missing)} are not in split {split!r}")
+        selected = [c for c in selected if c.sample_id in wanted]
+    return selected
+
+
+def select_questions(conversations: Sequence[Conversation], max_questions: int | None) -> list[Question]:
+    questions = [q for c in conversations for q in c.questions]
+    return questions if max_questions is None else questions[:max_questions]
+
+
+def bank_signature(cfg: DictConfig) -> str:
+    """Names the banks a config builds: runs that would build identical banks share them."""
+    recipe: dict[str, Any] = {"data": cfg.data.kind, "path": str(cfg.data.path), "source": cfg.memory.source}
+    if cfg.memory.source == "raw_turns" or cfg.manager.kind == "add_all":
+        recipe["manager"] = "add_all"
+    else:
+        recipe["manager"] = OmegaConf.to_container(cfg.manager)
+        recipe["backbone"] = cfg.backbone.name_or_path
+    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
+    return f"{cfg.data.kind}-{cfg.memory.source}-{recipe['manager'] if isinstance(recipe['manager'], str) else 'model'}-{digest}"
+
+
+class ModelCache:
+    """Loads each (backbone, checkpoint) once, so a prompted manager and the answer agent share it."""
+
+    def __init__(self, backbone: DictConfig, engine_kind: str, batch_size: int) -> None:
+        self.backbone = backbone
+        self.engine_kind = engine_kind
+        self.batch_size = batch_size
+        self._engines: dict[str | None, GenerationEngine] = {}
+
+    def engine(self, ckpt: str | None) -> GenerationEngine:
+        if ckpt not in self._engines:
+            started = time.perf_counter()
+            if self.engine_kind == "vllm":
+                self._engines[ckpt] = build_engine("vllm", name_or_path=ckpt or self.backbone.name_or_path)
+            else:
+                model, tokenizer = load_policy(self.backbone.name_or_path, dtype=self.backbone.dtype, adapter=ckpt)
+                self._engines[ckpt] = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=self.batch_size)
+            log.info("loaded %s%s in %.1fs", self.backbone.name_or_path, f" + {ckpt}" if ckpt else "", time.perf_counter() - started)
+        return self._engines[ckpt]
+
+
+def memory_policy(cfg: DictConfig, models: ModelCache) -> MemoryPolicy:
+    if cfg.memory.source == "raw_turns" or cfg.manager.kind == "add_all":
+        return AddAllPolicy()
+    if cfg.manager.kind == "model":
+        return ModelPolicy(
+            models.engine(cfg.manager.ckpt),
+            sampling=SamplingConfig(max_new_tokens=cfg.manager.max_new_tokens, temperature=0.0),
+            num_candidates=cfg.manager.num_candidates,
+        )
+    raise ValueError(f"manager.kind: unknown kind {cfg.manager.kind!r}; expected add_all or model")
+
+
+def make_judge(cfg: DictConfig, models: ModelCache) -> Judge | None:
+    kind = cfg.judge.kind
+    if kind == "none":
+        return None
+    if kind == "hf":
+        judge_models = ModelCache(OmegaConf.create({"name_or_path": cfg.judge.model, "dtype": cfg.backbone.dtype}), "hf", cfg.judge.batch_size)
+        return EngineJudge(judge_models.engine(None), cfg.judge.max_new_tokens, cfg.judge.batch_size)
+    if kind == "openai_compatible":
+        return OpenAICompatibleJudge(cfg.judge.url, cfg.judge.model, cfg.judge.api_key_env, cfg.judge.timeout_s)
+    raise ValueError(f"judge.kind: unknown kind {kind!r}; expected none, hf or openai_compatible")
+
+
+def open_banks(cfg: DictConfig, conversations: Sequence[Conversation], embedder: Embedder, stack: ExitStack) -> tuple[dict[str, MemoryBank], Path]:
+    """Every conversation's bank, opened at `banks.uri` or a Milvus Lite file named by the signature."""
+    signature = bank_signature(cfg)
+    banks_dir = Path(cfg.banks.dir)
+    banks_dir.mkdir(parents=True, exist_ok=True)
+    uri = cfg.banks.uri or str(banks_dir / f"{signature}.db")
+    banks = {c.sample_id: stack.enter_context(MemoryBank.open(uri, bank_name(c.sample_id), embedder)) for c in conversations}
+    return banks, banks_dir / f"{signature}.progress.json"
+
+
+def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """The whole evaluation; returns the report's scores and latencies."""
+    started = time.perf_counter()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    conversations = load_split(cfg.data, cfg.split, cfg.conversations)
+    questions = select_questions(conversations, cfg.max_questions)
+    if not questions:
+        raise ValueError(f"split {cfg.split!r} with conversations={cfg.conversations} has no questions")
+    # Only the conversations that the selected questions ask about need banks.
+    asked = {q.conversation_id for q in questions}
+    conversations = [c for c in conversations if c.sample_id in asked]
+    log.info("%d questions over %d conversations (%s, split %s)", len(questions), len(conversations), cfg.data.kind, cfg.split)
+
+    timer = StageTimer()
+    models = ModelCache(cfg.backbone, cfg.engine, cfg.answer.batch_size)
+    embedder = Embedder()
+    with ExitStack() as stack:
+        banks, progress_file = open_banks(cfg, conversations, embedder, stack)
+        policy = memory_policy(cfg, models)
+        total_items = sum(len(memory_items(c, cfg.memory.source)) for c in conversations)
+        with progress_bar() as bar:
+            task = bar.add_task("building banks", total=total_items)
+            build_banks(conversations, banks, policy, cfg.memory.source, progress_file, timer,
+                        on_advance=lambda n: bar.advance(task, n))
+        agent = AnswerAgent(distill=cfg.answer.distill, max_answer_words=cfg.answer.max_answer_words)
+        engine = models.engine(cfg.ckpt)
+        sampling = SamplingConfig(max_new_tokens=cfg.answer.max_new_tokens, temperature=0.0)
+        predictions_path = run_dir / "predictions.jsonl"
+        with predictions_path.open("w") as out, progress_bar() as bar:
+            task = bar.add_task("answering", total=len(questions))
+
+            def save(batch: list[Prediction]) -> None:
+                for prediction in batch:
+                    out.write(json.dumps(prediction.to_json()) + "\n")
+                out.flush()
+                bar.advance(task, len(batch))
+
+            predictions = answer_questions(
+                questions,
+                banks,
+                {c.sample_id: c.speakers for c in conversations},
+                agent,
+                engine,
+                sampling,
+                k_per_speaker=cfg.answer.k_per_speaker,
+                batch_size=cfg.answer.batch_size,
+                timer=timer,
+                on_batch=save,
+            )
+        bank_sizes = {c.sample_id: len(banks[c.sample_id]) for c in conversations}
+
+    judge = make_judge(cfg, models)
+    verdicts = None
+    if judge is not None:
+        with timer.time("judge", items=len(predictions)):
+            verdicts = judge([p.question for p in predictions], [p.gold for p in predictions], [p.prediction for p in predictions])
+    scores = score_predictions(predictions, verdicts)
+    scores["format_error_rate"] = 100.0 * sum(p.format_error is not None for p in predictions) / len(predictions)
+    scores["mean_answer_words"] = sum(len(p.prediction.split()) for p in predictions) / len(predictions)
+    latency = timer.summary()
+    settings = {
+        "data": cfg.data.kind,
+        "split": cfg.split,
+        "manager": OmegaConf.to_container(cfg.manager),
+        "memory": cfg.memory.source,
+        "backbone": cfg.backbone.name_or_path,
+        "ckpt": cfg.ckpt,
+        "answer": OmegaConf.to_container(cfg.answer),
+        "bank_sizes": bank_sizes,
+        "manager_format_errors": getattr(policy, "format_errors", 0),
+        "wall_time_s": round(time.perf_counter() - started, 1),
+    }
+    title = f"memr1 evaluation: {cfg.data.kind} {cfg.split}, manager={cfg.manager.kind}, memory={cfg.memory.source}" + (
+        f", ckpt={cfg.ckpt}" if cfg.ckpt else ""
+    )
+    write_report(run_dir, scores, latency, category_names(cfg.data.kind), settings, title)
+    return {"scores": scores, "latency": latency, "settings": settings}

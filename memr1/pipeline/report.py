@@ -1,0 +1,118 @@
+"""Evaluation reports: the paper-style table (F1 / BLEU-1 / EM / J per category), JSON and a bar plot."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from memr1.metrics import QAMetrics
+from memr1.metrics.judge import Verdict
+from memr1.pipeline.answering import Prediction
+
+SCORE_COLUMNS = (("f1", "F1"), ("bleu1", "BLEU-1"), ("em", "EM"), ("j", "J"))
+
+
+def score_predictions(
+    predictions: Sequence[Prediction], verdicts: Sequence[Verdict] | None = None
+) -> dict[str, float]:
+    """QAMetrics' scores (0..100) plus J overall and per category when a judge ran."""
+    max_category = max((p.category for p in predictions), default=0)
+    metric = QAMetrics(max_category=max(max_category, 5))
+    if predictions:
+        metric.update([p.prediction for p in predictions], [p.gold for p in predictions], [p.category for p in predictions])
+    scores = metric.compute()
+    if verdicts is not None:
+        by_category: dict[int, list[bool]] = {}
+        for prediction, verdict in zip(predictions, verdicts):
+            by_category.setdefault(prediction.category, []).append(verdict.correct)
+        everything = [v.correct for v in verdicts]
+        scores["j"] = 100.0 * sum(everything) / len(everything) if everything else float("nan")
+        for category, labels in by_category.items():
+            scores[f"j/cat{category}"] = 100.0 * sum(labels) / len(labels)
+        scores["judge_unreadable"] = sum(not v.readable for v in verdicts)
+    return scores
+
+
+def markdown_table(scores: Mapping[str, float], category_names: Mapping[int, str]) -> str:
+    """Rows: each category present, then Overall; columns: count and the scores that exist."""
+    columns = [(key, title) for key, title in SCORE_COLUMNS if key in scores]
+    header = "| Category | n | " + " | ".join(title for _, title in columns) + " |"
+    rule = "|---|---:|" + "---:|" * len(columns)
+    rows = [header, rule]
+    categories = sorted(int(key.split("cat")[1]) for key in scores if key.startswith("count/cat"))
+    for category in categories:
+        name = category_names.get(category, str(category))
+        cells = " | ".join(f"{scores[f'{key}/cat{category}']:.2f}" for key, _ in columns)
+        rows.append(f"| {category} {name} | {int(scores[f'count/cat{category}'])} | {cells} |")
+    overall = " | ".join(f"**{scores[key]:.2f}**" for key, _ in columns)
+    rows.append(f"| **Overall** | {int(scores['count'])} | {overall} |")
+    return "\n".join(rows)
+
+
+def latency_table(latency: Mapping[str, Mapping[str, float]]) -> str:
+    rows = ["| Stage | p50 (s) | p95 (s) | mean (s) | n |", "|---|---:|---:|---:|---:|"]
+    for stage, stats in latency.items():
+        rows.append(f"| {stage} | {stats['p50_s']:.4f} | {stats['p95_s']:.4f} | {stats['mean_s']:.4f} | {stats['count']} |")
+    return "\n".join(rows)
+
+
+def plot_scores(scores: Mapping[str, float], category_names: Mapping[int, str], path: Path, title: str) -> None:
+    """Grouped bars: one group per category and Overall, one bar per score."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = [(key, name) for key, name in SCORE_COLUMNS if key in scores]
+    categories = sorted(int(key.split("cat")[1]) for key in scores if key.startswith("count/cat"))
+    groups = [(category_names.get(c, str(c)), {k: scores[f"{k}/cat{c}"] for k, _ in columns}) for c in categories]
+    groups.append(("overall", {k: scores[k] for k, _ in columns}))
+    width = 0.8 / max(len(columns), 1)
+    figure, axes = plt.subplots(figsize=(max(6, 1.6 * len(groups)), 4))
+    for offset, (key, name) in enumerate(columns):
+        xs = [i + offset * width for i in range(len(groups))]
+        axes.bar(xs, [values[key] for _, values in groups], width, label=name)
+    axes.set_xticks([i + width * (len(columns) - 1) / 2 for i in range(len(groups))])
+    axes.set_xticklabels([name for name, _ in groups])
+    axes.set_ylabel("score (0-100)")
+    axes.set_ylim(0, 100)
+    axes.set_title(title)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def write_report(
+    run_dir: Path,
+    scores: Mapping[str, float],
+    latency: Mapping[str, Mapping[str, float]],
+    category_names: Mapping[int, str],
+    settings: Mapping[str, object],
+    title: str,
+) -> None:
+    """`report.json`, `report.md` and `scores.png` in `run_dir`."""
+    (run_dir / "report.json").write_text(
+        json.dumps({"title": title, "scores": scores, "latency": latency, "settings": settings}, indent=2, default=str)
+    )
+    markdown = [
+        f"# {title}",
+        "",
+        markdown_table(scores, category_names),
+        "",
+        "Scores in 0-100 (Mem0 LoCoMo protocol: token-set F1, NLTK BLEU-1, lower-cased exact match, LLM judge J).",
+        "",
+        "## Latency per item",
+        "",
+        latency_table(latency),
+        "",
+        "## Settings",
+        "",
+        "```json",
+        json.dumps(settings, indent=2, default=str),
+        "```",
+        "",
+    ]
+    (run_dir / "report.md").write_text("\n".join(markdown))
+    plot_scores(scores, category_names, run_dir / "scores.png", title)

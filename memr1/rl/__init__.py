@@ -1,0 +1,46 @@
+"""Reinforcement learning for the Memory Manager and the Answer Agent: the tensor maths lives in
+`memr1.rl.core` (advantages, PPO / GRPO losses, KL estimators, masked statistics)."""
+
+from memr1.rl.core import (
+    KL_KINDS,
+    LOSS_AGG_MODES,
+    KLKind,
+    LossAggMode,
+    aggregate_loss,
+    broadcast_to_tokens,
+    compute_gae,
+    entropy_from_logits,
+    explained_variance,
+    group_advantages,
+    kl_penalty,
+    logprobs_from_logits,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    outcome_to_token_rewards,
+    policy_loss,
+    value_loss,
+)
+
+__all__ = [
+    "KL_KINDS",
+    "LOSS_AGG_MODES",
+    "KLKind",
+    "LossAggMode",
+    "aggregate_loss",
+    "broadcast_to_tokens",
+    "compute_gae",
+    "entropy_from_logits",
+    "explained_variance",
+    "group_advantages",
+    "kl_penalty",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "outcome_to_token_rewards",
+    "policy_loss",
+    "value_loss",
+]

@@ -1,0 +1,374 @@
+"""The RL maths of Memory-R1 as pure tensor functions: masked statistics, loss aggregation, GAE,
+GRPO group advantages, the PPO policy and value losses, KL estimators and logit helpers.
+
+Conventions (those of verl's ``core_algos.py``):
+
+- ``bs`` is the number of sequences, ``L`` the response length, ``V`` the vocabulary size.
+- ``response_mask`` is ``(bs, L)``, bool or float, 1 on the response tokens that count and 0 on
+  padding (and on tool / observation tokens in multi-turn rollouts). Masks are binary.
+- Per-token tensors (log-probabilities, values, rewards, advantages) are ``(bs, L)``; per-sequence
+  tensors (scores, group advantages) are ``(bs,)``.
+- Losses are minimised; statistics returned beside them are detached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KLKind = Literal["k1", "k2", "k3", "low_var_kl", "abs"]
+
+LOSS_AGG_MODES: tuple[str, ...] = LossAggMode.__args__
+KL_KINDS: tuple[str, ...] = KLKind.__args__
+
+
+def _require_same_shape(**tensors: Tensor) -> None:
+    """Raise a ValueError naming every argument and its shape unless all shapes agree."""
+    shapes = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
+    if len(set(shapes.values())) > 1:
+        listed = ", ".join(f"{name}{list(shape)}" for name, shape in shapes.items())
+        raise ValueError(f"shape mismatch: {listed}")
+
+
+def _require_rank(tensor: Tensor, name: str, rank: int, layout: str) -> None:
+    if tensor.dim() != rank:
+        raise ValueError(f"{name}: expected {layout}, got shape {list(tensor.shape)}")
+
+
+# --- masked statistics -----------------------------------------------------------------------------
+
+
+def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of `values` where `mask` is 1.
+
+    values, mask: same shape, e.g. (bs, L). Returns a scalar when ``dim`` is None, else the shape of
+    `values` without ``dim``.
+    """
+    _require_same_shape(values=values, mask=mask)
+    masked = values * mask.to(values.dtype)
+    return masked.sum() if dim is None else masked.sum(dim=dim)
+
+
+def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of `values` over the positions where `mask` is 1; 0 where nothing is selected.
+
+    values, mask: same shape, e.g. (bs, L). Returns a scalar when ``dim`` is None, else the shape of
+    `values` without ``dim``.
+    """
+    count = masked_sum(torch.ones_like(values), mask, dim)
+    # A binary mask gives integer counts, so clamping at 1 only changes the empty case (sum 0 -> 0).
+    return masked_sum(values, mask, dim) / count.clamp(min=1)
+
+
+def masked_var(values: Tensor, mask: Tensor, dim: int | None = None, unbiased: bool = True) -> Tensor:
+    """Variance of `values` over the positions where `mask` is 1.
+
+    values, mask: same shape, e.g. (bs, L); output as for `masked_mean`. ``unbiased`` applies Bessel's
+    correction n / (n - 1) like ``torch.var``; with one selected element (where the correction is
+    undefined) the variance is 0, and with none it is 0.
+    """
+    keep = dim is not None
+    mean = masked_mean(values, mask, dim)
+    centred = values - (mean.unsqueeze(dim) if keep else mean)
+    variance = masked_mean(centred.square(), mask, dim)
+    if unbiased:
+        count = masked_sum(torch.ones_like(values), mask, dim)
+        variance = variance * torch.where(count > 1, count / (count - 1).clamp(min=1), torch.ones_like(count))
+    return variance
+
+
+def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """(values - mean) / sqrt(var + eps) with mean and unbiased var over all masked positions.
+
+    values, mask: (bs, L) -> (bs, L). With ``shift_mean=False`` the mean is added back (only the
+    scale changes). Unmasked positions are transformed too; callers mask them.
+    """
+    mean = masked_mean(values, mask)
+    whitened = (values - mean) * torch.rsqrt(masked_var(values, mask) + eps)
+    return whitened if shift_mean else whitened + mean
+
+
+# --- loss aggregation ------------------------------------------------------------------------------
+
+
+def aggregate_loss(
+    loss_mat: Tensor, mask: Tensor, mode: LossAggMode = "token-mean", norm_length: int | None = None
+) -> Tensor:
+    """Reduce a per-token loss (bs, L) with its mask (bs, L) to a scalar.
+
+    - ``token-mean``: mean over every valid token of the batch (long answers weigh more).
+    - ``seq-mean-token-sum``: per-sequence sum of its tokens, then mean over sequences.
+    - ``seq-mean-token-mean``: per-sequence mean of its tokens, then mean over sequences.
+    - ``seq-mean-token-sum-norm`` (Dr. GRPO): per-sequence sum divided by a constant length
+      ``norm_length`` (default L, the padded length; pass the generation budget to keep it constant
+      across batches), then mean over sequences. verl sums over sequences here; the mean keeps the
+      scale independent of the batch size (it is verl's value divided by bs).
+
+    Sequence means run over the sequences with at least one valid token.
+    """
+    _require_rank(loss_mat, "loss_mat", 2, "(bs, L)")
+    _require_same_shape(loss_mat=loss_mat, mask=mask)
+    if mode == "token-mean":
+        return masked_mean(loss_mat, mask)
+    has_tokens = mask.to(loss_mat.dtype).sum(dim=-1) > 0
+    if mode == "seq-mean-token-sum":
+        per_sequence = masked_sum(loss_mat, mask, dim=-1)
+    elif mode == "seq-mean-token-mean":
+        per_sequence = masked_mean(loss_mat, mask, dim=-1)
+    elif mode == "seq-mean-token-sum-norm":
+        length = loss_mat.shape[-1] if norm_length is None else norm_length
+        if length <= 0:
+            raise ValueError(f"norm_length: must be positive, got {length}")
+        per_sequence = masked_sum(loss_mat, mask, dim=-1) / length
+    else:
+        raise ValueError(f"loss_agg_mode: unknown mode {mode!r}; expected one of {LOSS_AGG_MODES}")
+    return masked_mean(per_sequence, has_tokens)
+
+
+# --- rewards and advantages ------------------------------------------------------------------------
+
+
+def outcome_to_token_rewards(scores: Tensor, response_mask: Tensor) -> Tensor:
+    """Place each sequence's scalar reward on its last valid response token.
+
+    scores: (bs,); response_mask: (bs, L) -> token rewards (bs, L), zero elsewhere. A row with no
+    valid token gets no reward (there is no token to credit).
+    """
+    _require_rank(response_mask, "response_mask", 2, "(bs, L)")
+    _require_rank(scores, "scores", 1, "(bs,)")
+    if scores.shape[0] != response_mask.shape[0]:
+        raise ValueError(f"scores has {scores.shape[0]} rows but response_mask has {response_mask.shape[0]}")
+    positions = torch.arange(response_mask.shape[-1], device=response_mask.device)
+    last = torch.where(response_mask.bool(), positions, -1).amax(dim=-1)  # -1 for an empty row
+    at_last = positions.unsqueeze(0) == last.unsqueeze(1)
+    return at_last.to(scores.dtype) * scores.unsqueeze(1)
+
+
+@torch.no_grad()
+def compute_gae(
+    token_rewards: Tensor,
+    values: Tensor,
+    response_mask: Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over the valid tokens (verl semantics).
+
+    token_rewards, values, response_mask: (bs, L) -> (advantages, returns), both (bs, L).
+
+    The reverse scan steps over masked positions: for a valid token t whose next valid token is t',
+    ``delta_t = r_t + gamma * V_t' - V_t`` and ``A_t = delta_t + gamma * lam * A_t'`` (V and A are 0
+    after the last valid token), so rewards and values on masked positions are ignored.
+    ``returns = A + V`` is taken before whitening; ``whiten`` (verl's default) then normalises the
+    advantages over the mask. Both outputs are 0 on masked positions. No gradient flows.
+    """
+    _require_rank(response_mask, "response_mask", 2, "(bs, L)")
+    _require_same_shape(token_rewards=token_rewards, values=values, response_mask=response_mask)
+    rewards, values = token_rewards.float(), values.float()
+    mask = response_mask.float()
+    next_value = torch.zeros_like(values[:, 0])
+    next_advantage = torch.zeros_like(values[:, 0])
+    advantages = torch.zeros_like(values)
+    for t in reversed(range(values.shape[-1])):
+        valid = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        # A masked step carries the next valid token's value and advantage back unchanged.
+        next_value = valid * values[:, t] + (1 - valid) * next_value
+        next_advantage = valid * advantage + (1 - valid) * next_advantage
+        advantages[:, t] = next_advantage
+    returns = (advantages + values) * mask
+    if whiten:
+        advantages = masked_whiten(advantages, mask)
+    return advantages * mask, returns
+
+
+def group_advantages(
+    scores: Tensor, group_index: Tensor | Sequence[Hashable], norm_by_std: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """GRPO outcome advantages: each score against the other samples of its group.
+
+    scores: (bs,); group_index: (bs,) group ids (an integer tensor, or any hashables such as prompt
+    uids) -> advantages (bs,), float32.
+
+    ``A_i = (r_i - mean_g) / (std_g + eps)`` with the *unbiased* std (``torch.std``'s default, as
+    verl uses); ``norm_by_std=False`` gives Dr. GRPO's ``A_i = r_i - mean_g``. A group of one sample
+    has nothing to compare with and gets 0 (verl instead gives it the raw score), and so does a group
+    whose scores are all equal.
+    """
+    _require_rank(scores, "scores", 1, "(bs,)")
+    if not isinstance(group_index, Tensor):
+        ids: dict[Hashable, int] = {}
+        group_index = torch.tensor([ids.setdefault(key, len(ids)) for key in group_index], dtype=torch.long)
+    if group_index.shape != scores.shape:
+        raise ValueError(f"group_index has shape {list(group_index.shape)} but scores has {list(scores.shape)}")
+    scores = scores.float()
+    _, group, size = torch.unique(group_index.to(scores.device), return_inverse=True, return_counts=True)
+    size = size.to(scores.dtype)
+    mean = torch.zeros_like(size).index_add_(0, group, scores) / size
+    deviation = scores - mean[group]  # exactly 0 in a group of one
+    if not norm_by_std:
+        return deviation
+    squares = torch.zeros_like(size).index_add_(0, group, deviation.square())
+    std = (squares / (size - 1).clamp(min=1)).sqrt()
+    return deviation / (std[group] + eps)
+
+
+def broadcast_to_tokens(per_sequence: Tensor, response_mask: Tensor) -> Tensor:
+    """Give every valid token its sequence's value: per_sequence (bs,), response_mask (bs, L) -> (bs, L)."""
+    _require_rank(per_sequence, "per_sequence", 1, "(bs,)")
+    _require_rank(response_mask, "response_mask", 2, "(bs, L)")
+    if per_sequence.shape[0] != response_mask.shape[0]:
+        raise ValueError(
+            f"per_sequence has {per_sequence.shape[0]} rows but response_mask has {response_mask.shape[0]}"
+        )
+    return per_sequence.unsqueeze(1) * response_mask.to(per_sequence.dtype)
+
+
+# --- losses ----------------------------------------------------------------------------------------
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: LossAggMode = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clipped surrogate with dual clipping (the GRPO actor loss too).
+
+    logprobs (with gradient), old_logprobs, advantages, response_mask: (bs, L) -> (loss, stats).
+
+    Per token, with ``ratio = exp(logprobs - old_logprobs)``:
+    ``l = max(-A * ratio, -A * clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high))``, and for
+    ``A < 0`` additionally ``l = min(l, -A * clip_ratio_c)``, which bounds the loss when a bad action
+    became far likelier. The token losses are aggregated with `aggregate_loss`.
+
+    stats (detached scalars): ``clip_frac`` (tokens where the clipped term is the larger),
+    ``dual_clip_frac`` (negative-advantage tokens bounded by ``clip_ratio_c``), ``approx_kl``
+    (k1 estimate of KL(old || new): the mean of ``old_logprobs - logprobs``).
+    """
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c: must be > 1.0 for dual clipping, got {clip_ratio_c}")
+    _require_rank(response_mask, "response_mask", 2, "(bs, L)")
+    _require_same_shape(
+        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, response_mask=response_mask
+    )
+    # Clamped like verl so that one wild token cannot overflow exp().
+    log_ratio = (logprobs - old_logprobs).clamp(min=-20.0, max=20.0)
+    ratio = log_ratio.exp()
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    ppo_losses = torch.maximum(unclipped, clipped)
+    dual_bound = -advantages * clip_ratio_c
+    negative = advantages < 0
+    losses = torch.where(negative, torch.minimum(ppo_losses, dual_bound), ppo_losses)
+    loss = aggregate_loss(losses, response_mask, loss_agg_mode)
+    with torch.no_grad():
+        stats = {
+            "clip_frac": masked_mean((clipped > unclipped).float(), response_mask),
+            "dual_clip_frac": masked_mean((negative & (ppo_losses > dual_bound)).float(), response_mask),
+            "approx_kl": masked_mean(-log_ratio, response_mask),
+        }
+    return loss, stats
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    response_mask: Tensor,
+    clip_range: float = 0.5,
+    loss_agg_mode: LossAggMode = "token-mean",
+) -> tuple[Tensor, Tensor]:
+    """Clipped critic loss.
+
+    values (with gradient), old_values, returns, response_mask: (bs, L) -> (loss, clip_frac).
+
+    ``clipped = old_values + clip(values - old_values, -clip_range, clip_range)``;
+    per token ``0.5 * max((values - returns)^2, (clipped - returns)^2)``, aggregated with
+    `aggregate_loss`. ``clip_frac`` (detached) is the share of tokens where the clipped error is the
+    larger.
+    """
+    _require_rank(response_mask, "response_mask", 2, "(bs, L)")
+    _require_same_shape(values=values, old_values=old_values, returns=returns, response_mask=response_mask)
+    clipped = old_values + (values - old_values).clamp(-clip_range, clip_range)
+    unclipped_error = (values - returns).square()
+    clipped_error = (clipped - returns).square()
+    loss = 0.5 * aggregate_loss(torch.maximum(unclipped_error, clipped_error), response_mask, loss_agg_mode)
+    with torch.no_grad():
+        clip_frac = masked_mean((clipped_error > unclipped_error).float(), response_mask)
+    return loss, clip_frac
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: KLKind) -> Tensor:
+    """Per-token estimate of KL(policy || reference) from sampled tokens' log-probabilities.
+
+    logprobs, ref_logprobs: (bs, L) -> (bs, L). With ``log_r = logprobs - ref_logprobs``:
+
+    - ``k1``: ``log_r`` (unbiased, high variance, can be negative);
+    - ``k2``: ``0.5 * log_r^2``;
+    - ``k3`` / ``low_var_kl``: ``exp(-log_r) + log_r - 1`` (unbiased, never negative), clamped to
+      [-10, 10] as verl does, with ``-log_r`` first clamped to [-20, 20] against overflow;
+    - ``abs``: ``|log_r|``.
+    """
+    _require_same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    log_ratio = logprobs - ref_logprobs
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio.square()
+    if kind in ("k3", "low_var_kl"):
+        ref_minus_policy = (-log_ratio).clamp(min=-20.0, max=20.0)
+        return (ref_minus_policy.exp() - ref_minus_policy - 1).clamp(min=-10.0, max=10.0)
+    if kind == "abs":
+        return log_ratio.abs()
+    raise ValueError(f"kl kind: unknown estimator {kind!r}; expected one of {KL_KINDS}")
+
+
+# --- logits ----------------------------------------------------------------------------------------
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of the categorical distribution at each position: (bs, L, V) -> (bs, L), float32.
+
+    Computed as ``-sum p * log_softmax`` (no exp of raw logits, so large logits are safe); tokens with
+    probability 0 (``-inf`` logits) contribute 0 instead of ``0 * -inf = nan``.
+    """
+    _require_rank(logits, "logits", 3, "(bs, L, V)")
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    probs = log_probs.exp()
+    return -(probs * torch.where(probs > 0, log_probs, torch.zeros_like(log_probs))).sum(dim=-1)
+
+
+def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:
+    """Log-probability of each label: logits (bs, L, V), labels (bs, L) int -> (bs, L), float32.
+
+    The logits must already be aligned with the labels (position t predicts labels[:, t]).
+    """
+    _require_rank(logits, "logits", 3, "(bs, L, V)")
+    if logits.shape[:2] != labels.shape:
+        raise ValueError(f"logits has shape {list(logits.shape)} but labels has {list(labels.shape)}; expected (bs, L)")
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    return log_probs.gather(dim=-1, index=labels.long().unsqueeze(-1)).squeeze(-1)
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
+    """Critic quality ``1 - Var(returns - values) / Var(returns)`` over the mask; a scalar.
+
+    values, returns, mask: (bs, L). 1 is a perfect critic, 0 no better than a constant, negative
+    worse; NaN when the returns do not vary (the ratio is undefined). No gradient flows.
+    """
+    _require_same_shape(values=values, returns=returns, mask=mask)
+    with torch.no_grad():
+        returns_var = masked_var(returns.float(), mask)
+        residual_var = masked_var((returns - values).float(), mask)
+        return torch.where(returns_var > 0, 1 - residual_var / returns_var, torch.full_like(returns_var, float("nan")))
