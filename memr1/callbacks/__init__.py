@@ -1,0 +1,7 @@
+"""Lightning callbacks of the RL trainer."""
+
+from memr1.callbacks.export import ExportPolicy
+from memr1.callbacks.plots import TrainingCurves
+from memr1.callbacks.weight_sync import VLLMWeightSync
+
+__all__ = ["ExportPolicy", "TrainingCurves", "VLLMWeightSync"]

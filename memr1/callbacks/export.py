@@ -1,0 +1,51 @@
+"""Export the trained policy as a Hugging Face / peft directory that `evaluate.py ckpt=...` loads."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+log = logging.getLogger(__name__)
+
+
+class ExportPolicy(Callback):
+    """Writes `dirpath/last` at the end of training and `dirpath/best` whenever `monitor` improves.
+
+    A LoRA policy is saved as its adapter (small; `load_policy(adapter=...)` merges it into the base),
+    a full policy as a complete checkpoint with its tokenizer.
+    """
+
+    def __init__(self, dirpath: str | Path, monitor: str | None = None, mode: str = "max") -> None:
+        self.dirpath = Path(dirpath)
+        self.monitor = monitor
+        self.sign = 1.0 if mode == "max" else -1.0
+        self.best: float | None = None
+
+    def export(self, pl_module: LightningModule, name: str) -> Path:
+        target = self.dirpath / name
+        pl_module.policy.save_pretrained(target)
+        pl_module.tokenizer.save_pretrained(target)
+        log.info("exported the policy to %s", target)
+        return target
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.monitor is None or trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None:
+            return
+        if self.best is None or self.sign * float(value) > self.sign * self.best:
+            self.best = float(value)
+            self.export(pl_module, "best")
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.is_global_zero:
+            self.export(pl_module, "last")
+
+    def state_dict(self) -> dict:
+        return {"best": self.best}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.best = state_dict.get("best")

@@ -1,0 +1,35 @@
+"""The Answer Agent's RL module: validation answers greedily and scores F1 / BLEU-1 / EM."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from memr1.envs.answer import AnswerEnv, AnswerState
+from memr1.envs.base import Reward
+from memr1.llm.sampling import SamplingConfig
+from memr1.metrics import QAMetrics
+from memr1.modules.base import RLModule
+
+
+class AnswerRLModule(RLModule):
+    env: AnswerEnv
+
+    def on_validation_epoch_start(self) -> None:
+        self.val_metrics = QAMetrics().to(self.device)
+
+    @torch.no_grad()
+    def validation_step(self, states: list[AnswerState], batch_idx: int) -> None:
+        greedy = SamplingConfig(max_new_tokens=self.algo.max_new_tokens, temperature=0.0)
+        outputs = self.engine.generate([self.env.prompt(state) for state in states], greedy)
+        answers = [self.env.agent.parse(samples[0].text).answer for samples in outputs]
+        self.val_metrics.update(answers, [s.question.answer for s in states], [s.question.category for s in states])
+
+    def on_validation_epoch_end(self) -> None:
+        scores = self.val_metrics.compute()
+        self.log_dict({f"val/{key}": scores[key] for key in ("f1", "bleu1", "em")}, prog_bar=True, sync_dist=False)
+
+    def extra_metrics(self, rewards: Sequence[Reward]) -> dict[str, float]:
+        words = [float(r.info.get("answer_words", 0.0)) for r in rewards]
+        return {"response/answer_words_mean": sum(words) / len(words)} if words else {}

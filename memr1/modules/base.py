@@ -1,0 +1,315 @@
+"""The RL LightningModule shared by both agents: rollout → reward → advantages → PPO / GRPO update.
+
+The module orchestrates; the maths lives in `memr1.rl.core` (pure functions), the tensors in
+`memr1.rl.batch`, the rewards in `memr1.envs`. Subclasses only say how to validate and what extra to
+log (`ManagerRLModule`, `AnswerRLModule`).
+
+One training step:
+1. rollout: every state's prompt is sampled `group_size` times (GRPO's G; PPO uses 1) by the rollout
+   engine — the policy itself through `HFEngine`, or vLLM kept in sync by `VLLMWeightSync`;
+2. reward: the environment scores each response (never raising on malformed output);
+3. old log-probs (and reference log-probs for the KL, critic values for PPO) by forward passes
+   without gradients, in micro-batches;
+4. advantages: GAE over the critic's values (PPO) or group-normalised scores (GRPO);
+5. `ppo_epochs` passes over shuffled mini-batches, each accumulating gradients over micro-batches
+   before one optimiser step of the actor (and of the critic for PPO).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+from torch import nn
+
+from memr1.envs.base import Environment, Reward
+from memr1.llm.engines import GenerationEngine, HFEngine
+from memr1.llm.sampling import SamplingConfig
+from memr1.rl import core
+from memr1.rl.batch import RolloutBatch, pack_rollouts, response_logprobs, response_values
+
+ALGORITHMS = ("ppo", "grpo")
+
+
+@dataclass
+class AlgoConfig:
+    """PPO / GRPO hyper-parameters; defaults are the paper's (verl's) unless a comment says why not."""
+
+    name: str = "grpo"
+    group_size: int = 5              # GRPO samples per state (PPO: 1)
+    temperature: float = 1.0         # rollout temperature (evaluation is greedy)
+    top_p: float = 1.0
+    max_new_tokens: int = 2048
+    actor_lr: float = 1e-6
+    critic_lr: float = 1e-5
+    weight_decay: float = 0.01
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0        # dual-clip bound for negative advantages
+    value_clip: float = 0.5
+    gamma: float = 1.0
+    lam: float = 1.0
+    kl_coef: float = 0.001           # GRPO: KL to the reference policy in the loss
+    kl_kind: str = "low_var_kl"      # verl's k3
+    entropy_coef: float = 0.0
+    norm_adv_by_std: bool = True     # False: Dr. GRPO
+    loss_agg_mode: str = "token-mean"
+    ppo_epochs: int = 1
+    mini_batch_size: int = 0         # sequences per optimiser step; 0 = the whole rollout batch
+    micro_batch_size: int = 2        # sequences per forward/backward (gradient accumulation)
+    grad_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.name not in ALGORITHMS:
+            raise ValueError(f"algo.name: {self.name!r} is not one of {ALGORITHMS}")
+        if self.name == "grpo" and self.group_size < 2:
+            raise ValueError(f"algo.group_size: GRPO needs at least 2 samples per state, got {self.group_size}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"algo.micro_batch_size: must be >= 1, got {self.micro_batch_size}")
+        if self.loss_agg_mode not in core.LOSS_AGG_MODES:
+            raise ValueError(f"algo.loss_agg_mode: {self.loss_agg_mode!r} is not one of {core.LOSS_AGG_MODES}")
+
+
+class RLModule(LightningModule):
+    """Trains `policy` on `env` with PPO (a `critic` is required) or GRPO (no critic).
+
+    `reference` is the frozen policy of the KL term; None with a peft policy means "the same model with
+    its adapters disabled" (no second copy), None otherwise means no KL term can be computed.
+    """
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        tokenizer: Any,
+        env: Environment,
+        algo: AlgoConfig,
+        critic: nn.Module | None = None,
+        reference: nn.Module | None = None,
+        engine: GenerationEngine | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if algo.name == "ppo" and critic is None:
+            raise ValueError("algo=ppo needs a critic (a value model)")
+        self.policy = policy
+        self.critic = critic if algo.name == "ppo" else None
+        self.reference = reference
+        self.tokenizer = tokenizer
+        self.env = env
+        self.algo = algo
+        self.seed = seed
+        # None: the policy samples for itself. A vLLM engine is set by train.py and kept in sync.
+        self.engine = engine or HFEngine(policy, tokenizer, batch_size=max(algo.micro_batch_size, 8))
+        self.automatic_optimization = False
+        self.save_hyperparameters({"algo": asdict(algo), "seed": seed})
+
+    # -- optimisation -------------------------------------------------------------------------------
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        def adamw(module: nn.Module, lr: float) -> torch.optim.Optimizer:
+            params = [p for p in module.parameters() if p.requires_grad]
+            if not params:
+                raise ValueError(f"{type(module).__name__}: no trainable parameters")
+            return torch.optim.AdamW(params, lr=lr, weight_decay=self.algo.weight_decay)
+
+        optimizers = [adamw(self.policy, self.algo.actor_lr)]
+        if self.critic is not None:
+            optimizers.append(adamw(self.critic, self.algo.critic_lr))
+        return optimizers
+
+    def _optimizers(self) -> tuple[Any, Any | None]:
+        optimizers = self.optimizers()
+        if isinstance(optimizers, (list, tuple)):
+            return optimizers[0], optimizers[1] if len(optimizers) > 1 else None
+        return optimizers, None
+
+    # -- rollout and reward -------------------------------------------------------------------------
+    def rollout_sampling(self) -> SamplingConfig:
+        return SamplingConfig(
+            max_new_tokens=self.algo.max_new_tokens,
+            temperature=self.algo.temperature,
+            top_p=self.algo.top_p,
+            n=self.algo.group_size if self.algo.name == "grpo" else 1,
+            # A seed per step: a resumed run samples exactly what the unbroken run sampled.
+            seed=self.seed * 1_000_003 + self.global_step,
+        )
+
+    def rollout(self, states: Sequence[Any]) -> tuple[RolloutBatch, list[Reward]]:
+        """Sample, score and pack: rows are grouped by state, `len(batch) // len(states)` per state."""
+        sampling = self.rollout_sampling()
+        was_training = self.policy.training
+        self.policy.eval()
+        started = time.perf_counter()
+        with torch.no_grad():
+            outputs = self.engine.generate([self.env.prompt(state) for state in states], sampling)
+        self.policy.train(was_training)
+        self._stage_seconds["rollout"] = time.perf_counter() - started
+        rows = [(state, sample) for state, samples in zip(states, outputs) for sample in samples]
+        started = time.perf_counter()
+        rewards = self.env.score([state for state, _ in rows], [sample.text for _, sample in rows])
+        self._stage_seconds["reward"] = time.perf_counter() - started
+        batch = pack_rollouts(
+            [sample.prompt_ids for _, sample in rows],
+            [sample.response_ids for _, sample in rows],
+            [reward.score for reward in rewards],
+            self.tokenizer.pad_token_id,
+        )
+        return batch.to(self.device), rewards
+
+    # -- forward passes without gradients -----------------------------------------------------------
+    def _micro(self, batch: RolloutBatch) -> Iterator[RolloutBatch]:
+        return batch.minibatches(self.algo.micro_batch_size)
+
+    @torch.no_grad()
+    def _score_batch(self, batch: RolloutBatch) -> None:
+        """Fill old log-probs, reference log-probs (when the KL is on) and critic values."""
+        self.policy.eval()
+        batch.old_logprobs = torch.cat([response_logprobs(self.policy, mb)[0] for mb in self._micro(batch)])
+        if self.algo.name == "grpo" and self.algo.kl_coef > 0:
+            with self._reference() as reference:
+                batch.ref_logprobs = torch.cat([response_logprobs(reference, mb)[0] for mb in self._micro(batch)])
+        if self.critic is not None:
+            self.critic.eval()
+            batch.old_values = torch.cat([response_values(self.critic, mb) for mb in self._micro(batch)])
+            self.critic.train()
+        self.policy.train()
+
+    @contextlib.contextmanager
+    def _reference(self) -> Iterator[nn.Module]:
+        if self.reference is not None:
+            yield self.reference
+        elif hasattr(self.policy, "disable_adapter"):
+            with self.policy.disable_adapter():
+                yield self.policy
+        else:
+            raise ValueError("the KL term needs a reference policy: pass reference= or train with LoRA")
+
+    # -- advantages -----------------------------------------------------------------------------------
+    def _advantages(self, batch: RolloutBatch, group_ids: Sequence[int]) -> None:
+        mask = batch.response_mask.float()
+        if self.algo.name == "ppo":
+            token_rewards = core.outcome_to_token_rewards(batch.scores, mask)
+            batch.advantages, batch.returns = core.compute_gae(
+                token_rewards, batch.old_values, mask, gamma=self.algo.gamma, lam=self.algo.lam
+            )
+        else:
+            per_sequence = core.group_advantages(
+                batch.scores, torch.as_tensor(group_ids), norm_by_std=self.algo.norm_adv_by_std
+            )
+            batch.advantages = core.broadcast_to_tokens(per_sequence, mask)
+
+    # -- update ---------------------------------------------------------------------------------------
+    def _update(self, batch: RolloutBatch) -> dict[str, float]:
+        actor_opt, critic_opt = self._optimizers()
+        mini_size = self.algo.mini_batch_size or len(batch)
+        stats: dict[str, list[float]] = {}
+
+        def note(name: str, value: torch.Tensor | float) -> None:
+            stats.setdefault(name, []).append(float(value))
+
+        generator = torch.Generator().manual_seed(self.seed * 7919 + self.global_step)
+        for _ in range(self.algo.ppo_epochs):
+            for minibatch in batch.minibatches(mini_size, generator):
+                micro_batches = list(self._micro(minibatch))
+                for micro in micro_batches:
+                    weight = len(micro) / len(minibatch)
+                    mask = micro.response_mask.float()
+                    logprobs, entropy = response_logprobs(self.policy, micro, with_entropy=True)
+                    pg_loss, pg_stats = core.policy_loss(
+                        logprobs,
+                        micro.old_logprobs,
+                        micro.advantages,
+                        mask,
+                        clip_ratio_low=self.algo.clip_ratio_low,
+                        clip_ratio_high=self.algo.clip_ratio_high,
+                        clip_ratio_c=self.algo.clip_ratio_c,
+                        loss_agg_mode=self.algo.loss_agg_mode,
+                    )
+                    entropy_loss = core.aggregate_loss(entropy, mask, self.algo.loss_agg_mode)
+                    loss = pg_loss - self.algo.entropy_coef * entropy_loss
+                    if micro.ref_logprobs is not None:
+                        kl = core.aggregate_loss(
+                            core.kl_penalty(logprobs, micro.ref_logprobs, self.algo.kl_kind), mask, self.algo.loss_agg_mode
+                        )
+                        loss = loss + self.algo.kl_coef * kl
+                        note("kl", kl.detach())
+                    self.manual_backward(loss * weight)
+                    note("policy_loss", pg_loss.detach())
+                    note("entropy", entropy_loss.detach())
+                    for key, value in pg_stats.items():
+                        note(key, value)
+                    if self.critic is not None:
+                        values = response_values(self.critic, micro)
+                        v_loss, v_clip = core.value_loss(
+                            values, micro.old_values, micro.returns, mask, self.algo.value_clip, self.algo.loss_agg_mode
+                        )
+                        self.manual_backward(v_loss * weight)
+                        note("value_loss", v_loss.detach())
+                        note("value_clip_frac", v_clip)
+                note("grad_norm", self._step(actor_opt, self.policy))
+                if critic_opt is not None:
+                    note("critic_grad_norm", self._step(critic_opt, self.critic))
+        return {name: sum(values) / len(values) for name, values in stats.items()}
+
+    def _step(self, optimizer: Any, module: nn.Module) -> float:
+        params = [p for p in module.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.algo.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    # -- the training step ------------------------------------------------------------------------------
+    def on_train_start(self) -> None:
+        self._stage_seconds: dict[str, float] = {}
+
+    def training_step(self, states: list[Any], batch_idx: int) -> None:
+        self._stage_seconds = {}
+        batch, rewards = self.rollout(states)
+        group_ids = [index for index, _ in enumerate(states) for _ in range(len(batch) // len(states))]
+        started = time.perf_counter()
+        self._score_batch(batch)
+        self._advantages(batch, group_ids)
+        update_stats = self._update(batch)
+        self._stage_seconds["update"] = time.perf_counter() - started
+        self.log_dict(self._step_metrics(batch, rewards, group_ids, update_stats), on_step=True, prog_bar=False)
+        self.log("train/reward", batch.scores.mean(), on_step=True, prog_bar=True, batch_size=len(batch))
+
+    def _step_metrics(
+        self, batch: RolloutBatch, rewards: Sequence[Reward], group_ids: Sequence[int], update: dict[str, float]
+    ) -> dict[str, float]:
+        mask = batch.response_mask.float()
+        scores = batch.scores
+        lengths = mask.sum(dim=1)
+        metrics = {f"actor/{name}": value for name, value in update.items() if not name.startswith(("value", "critic"))}
+        metrics.update({f"critic/{name}": value for name, value in update.items() if name.startswith(("value", "critic"))})
+        metrics["reward/mean"] = float(scores.mean())
+        metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
+        groups: dict[int, list[float]] = {}
+        for gid, score in zip(group_ids, scores.tolist()):
+            groups.setdefault(gid, []).append(score)
+        if self.algo.name == "grpo":
+            metrics["reward/zero_std_group_frac"] = sum(max(g) == min(g) for g in groups.values()) / len(groups)
+        advantages = core.masked_mean(batch.advantages, mask)
+        metrics["advantage/mean"] = float(advantages)
+        metrics["advantage/max"] = float(batch.advantages[mask.bool()].max()) if mask.any() else 0.0
+        metrics["advantage/min"] = float(batch.advantages[mask.bool()].min()) if mask.any() else 0.0
+        if self.critic is not None:
+            metrics["critic/explained_variance"] = float(core.explained_variance(batch.old_values, batch.returns, mask))
+        metrics["response/length_mean"] = float(lengths.mean())
+        metrics["response/length_max"] = float(lengths.max())
+        metrics["response/format_error_rate"] = sum(r.format_error is not None for r in rewards) / len(rewards)
+        for name, seconds in self._stage_seconds.items():
+            metrics[f"time/{name}_s"] = seconds
+        generated = float(lengths.sum())
+        if self._stage_seconds.get("rollout"):
+            metrics["time/rollout_tokens_per_s"] = generated / self._stage_seconds["rollout"]
+        metrics.update(self.extra_metrics(rewards))
+        return metrics
+
+    def extra_metrics(self, rewards: Sequence[Reward]) -> dict[str, float]:
+        """Agent-specific per-step metrics (e.g. the Manager's operation mix)."""
+        return {}

@@ -1,0 +1,36 @@
+"""The Memory Manager's RL module: logs the operation mix; validation is the greedy policy's reward."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import torch
+
+from memr1.envs.base import Reward
+from memr1.envs.manager import ManagerEnv, ManagerState
+from memr1.llm.sampling import SamplingConfig
+from memr1.modules.base import RLModule
+from memr1.types import OpKind
+
+
+class ManagerRLModule(RLModule):
+    env: ManagerEnv
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_rewards: list[float] = []
+
+    @torch.no_grad()
+    def validation_step(self, states: list[ManagerState], batch_idx: int) -> None:
+        greedy = SamplingConfig(max_new_tokens=self.algo.max_new_tokens, temperature=0.0)
+        outputs = self.engine.generate([self.env.prompt(state) for state in states], greedy)
+        rewards = self.env.score(states, [samples[0].text for samples in outputs])
+        self._val_rewards.extend(r.score for r in rewards)
+
+    def on_validation_epoch_end(self) -> None:
+        if self._val_rewards:
+            self.log("val/reward", sum(self._val_rewards) / len(self._val_rewards), prog_bar=True)
+
+    def extra_metrics(self, rewards: Sequence[Reward]) -> dict[str, float]:
+        ops = Counter(str(r.info.get("op", OpKind.NOOP.value)) for r in rewards)
+        return {f"ops/{kind.value.lower()}_frac": ops[kind.value] / len(rewards) for kind in OpKind}

@@ -1,0 +1,196 @@
+"""`python train.py`: build the policy, environment, data and Lightning Trainer from a Hydra config.
+
+Each builder is a small function of the config, so a notebook or a sweep agent can assemble a run
+piece by piece; `run_training` is what `train.py` calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.loggers import CSVLogger, Logger
+from omegaconf import DictConfig, OmegaConf
+
+from memr1.agents.answer import AnswerAgent
+from memr1.agents.manager import ManagerAgent
+from memr1.callbacks import ExportPolicy, TrainingCurves, VLLMWeightSync
+from memr1.envs.answer import AnswerEnv
+from memr1.envs.manager import ManagerEnv
+from memr1.llm.engines import GenerationEngine, build_engine
+from memr1.llm.loading import load_policy
+from memr1.llm.lora import apply_lora
+from memr1.llm.sampling import SamplingConfig
+from memr1.llm.value import ValueModel
+from memr1.modules.answer import AnswerRLModule
+from memr1.modules.base import AlgoConfig, RLModule
+from memr1.modules.manager import ManagerRLModule
+
+log = logging.getLogger(__name__)
+
+
+def algo_config(cfg: DictConfig) -> AlgoConfig:
+    return AlgoConfig(**OmegaConf.to_container(cfg.algo, resolve=True))
+
+
+def trainer_kwargs(trainer_cfg: DictConfig) -> dict[str, Any]:
+    """Accelerator, devices, strategy and precision for `trainer.kind` on this machine."""
+    kind, devices = trainer_cfg.kind, trainer_cfg.devices
+    has_gpu = torch.cuda.is_available()
+    if kind == "auto":
+        kind = "fsdp" if has_gpu and devices > 1 else ("gpu" if has_gpu else "cpu")
+    if kind in ("gpu", "fsdp") and not has_gpu:
+        raise ValueError(
+            f"trainer={trainer_cfg.kind}: no CUDA GPU on this machine. On CPU use trainer=cpu "
+            f"(trainer.devices={devices} runs {devices} DDP processes on the CPU) or trainer=auto."
+        )
+    precision = trainer_cfg.precision or ("bf16-true" if kind in ("gpu", "fsdp") else "32-true")
+    if kind == "cpu":
+        strategy: Any = "ddp_find_unused_parameters_true" if devices > 1 else "auto"
+        return {"accelerator": "cpu", "devices": devices, "strategy": strategy, "precision": precision, "num_nodes": trainer_cfg.num_nodes}
+    if kind == "gpu":
+        strategy = "ddp" if devices > 1 else "auto"
+    elif kind == "fsdp":
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        # Shard each decoder layer: the unit that keeps all-gathers large and memory peaks small.
+        strategy = FSDPStrategy(auto_wrap_policy=_decoder_layer_classes(), sharding_strategy="FULL_SHARD")
+    else:
+        raise ValueError(f"trainer.kind: unknown kind {trainer_cfg.kind!r}; expected auto, cpu, gpu or fsdp")
+    return {"accelerator": "gpu", "devices": devices, "strategy": strategy, "precision": precision, "num_nodes": trainer_cfg.num_nodes}
+
+
+def _decoder_layer_classes() -> set[type]:
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+    return {LlamaDecoderLayer, Qwen2DecoderLayer}
+
+
+def build_policy(cfg: DictConfig) -> tuple[torch.nn.Module, Any]:
+    dtype = cfg.backbone.dtype
+    model, tokenizer = load_policy(cfg.backbone.name_or_path, dtype=dtype)
+    if cfg.lora.enabled:
+        model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, list(cfg.lora.target_modules))
+    model.train()
+    return model, tokenizer
+
+
+def build_critic(cfg: DictConfig) -> torch.nn.Module:
+    """A value head on its own copy of the backbone (the paper's PPO critic)."""
+    backbone, _ = load_policy(cfg.backbone.name_or_path, dtype=cfg.backbone.dtype)
+    critic: torch.nn.Module = ValueModel(backbone)
+    if cfg.lora.enabled:
+        critic = apply_lora(critic, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, list(cfg.lora.target_modules), modules_to_save=["value_head"])
+    return critic.train()
+
+
+def build_env(cfg: DictConfig) -> AnswerEnv | ManagerEnv:
+    model = cfg.model
+    answer_agent = AnswerAgent(distill=model.get("distill", True), max_answer_words=model.get("max_answer_words", 6))
+    if model.agent == "answer":
+        return AnswerEnv(answer_agent, reward=model.reward, format_penalty=model.format_penalty)
+    if model.agent == "manager":
+        frozen, tokenizer = load_policy(cfg.backbone.name_or_path, dtype=cfg.backbone.dtype, adapter=model.answer_ckpt)
+        for param in frozen.parameters():
+            param.requires_grad_(False)
+        answer_engine = build_engine("hf", model=frozen, tokenizer=tokenizer, batch_size=8)
+        return ManagerEnv(
+            ManagerAgent(),
+            answer_agent,
+            answer_engine,
+            SamplingConfig(max_new_tokens=model.answer_max_new_tokens, temperature=0.0),
+            k_per_speaker=model.k_per_speaker,
+            reward=model.reward,
+            format_penalty=model.format_penalty,
+        )
+    raise ValueError(f"model.agent: unknown agent {model.agent!r}; expected answer or manager")
+
+
+def build_rollout_engine(cfg: DictConfig, policy: torch.nn.Module, tokenizer: Any) -> GenerationEngine | None:
+    """None: the module's HF engine over the policy itself. vLLM: a separate engine, synced each step."""
+    if cfg.engine == "hf":
+        return None
+    if cfg.engine == "vllm":
+        return build_engine("vllm", name_or_path=cfg.backbone.name_or_path, tokenizer=tokenizer, enable_lora=cfg.lora.enabled)
+    raise ValueError(f"engine: unknown engine {cfg.engine!r}; expected hf or vllm")
+
+
+def build_module(cfg: DictConfig) -> RLModule:
+    algo = algo_config(cfg)
+    policy, tokenizer = build_policy(cfg)
+    critic = build_critic(cfg) if algo.name == "ppo" else None
+    reference = None
+    if algo.name == "grpo" and algo.kl_coef > 0 and not cfg.lora.enabled:
+        reference, _ = load_policy(cfg.backbone.name_or_path, dtype=cfg.backbone.dtype)
+        for param in reference.parameters():
+            param.requires_grad_(False)
+    module_class = AnswerRLModule if cfg.model.agent == "answer" else ManagerRLModule
+    return module_class(
+        policy,
+        tokenizer,
+        build_env(cfg),
+        algo,
+        critic=critic,
+        reference=reference,
+        engine=build_rollout_engine(cfg, policy, tokenizer),
+        seed=cfg.seed,
+    )
+
+
+def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Logger]:
+    loggers: list[Logger] = [CSVLogger(save_dir=str(run_dir), name="csv", version="")]
+    if cfg.logging.wandb:
+        from lightning.pytorch.loggers import WandbLogger
+
+        os.environ.setdefault("WANDB_MODE", cfg.logging.wandb_mode)
+        loggers.append(
+            WandbLogger(project=cfg.logging.project, save_dir=str(run_dir), config=OmegaConf.to_container(cfg, resolve=True))
+        )
+    return loggers
+
+
+def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[Callback]:
+    monitor = "val/f1" if cfg.model.agent == "answer" else "val/reward"
+    return [
+        ModelCheckpoint(dirpath=run_dir / "checkpoints", every_n_train_steps=cfg.checkpoint.every_n_train_steps, save_last=True, save_top_k=-1),
+        ExportPolicy(run_dir / "policy", monitor=monitor),
+        TrainingCurves(run_dir),
+        VLLMWeightSync(),
+        LearningRateMonitor(logging_interval="step"),
+        RichProgressBar(),
+    ]
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path) -> Trainer:
+    loader = cfg.data_loader
+    return Trainer(
+        **trainer_kwargs(cfg.trainer),
+        max_steps=loader.max_steps,
+        val_check_interval=loader.val_check_interval,
+        check_val_every_n_epoch=None,
+        limit_val_batches=loader.limit_val_batches,
+        num_sanity_val_steps=0,
+        log_every_n_steps=cfg.logging.log_every_n_steps,
+        logger=build_loggers(cfg, run_dir),
+        callbacks=build_callbacks(cfg, run_dir),
+        default_root_dir=str(run_dir),
+        enable_model_summary=False,
+    )
+
+
+def run_training(cfg: DictConfig, run_dir: Path) -> RLModule:
+    from data_modules.rl_states import RLStatesDataModule
+
+    seed_everything(cfg.seed, workers=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    trainer = build_trainer(cfg, run_dir)
+    module = build_module(cfg)
+    data = RLStatesDataModule.from_config(cfg)
+    trainer.fit(module, datamodule=data, ckpt_path=cfg.ckpt_path)
+    return module
