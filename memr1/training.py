@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from memr1.agents.answer import AnswerAgent
 from memr1.agents.manager import ManagerAgent
-from memr1.callbacks import ExportPolicy, TrainingCurves, VLLMWeightSync
+from memr1.callbacks import ExportPolicy, SampleLog, TrainingCurves, VLLMWeightSync
 from memr1.envs.answer import AnswerEnv
 from memr1.envs.manager import ManagerEnv
 from memr1.llm.engines import GenerationEngine, build_engine
@@ -161,6 +161,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[Callback]:
         ModelCheckpoint(dirpath=run_dir / "checkpoints", every_n_train_steps=cfg.checkpoint.every_n_train_steps, save_last=True, save_top_k=-1),
         ExportPolicy(run_dir / "policy", monitor=monitor),
         TrainingCurves(run_dir),
+        SampleLog(run_dir, every_n_steps=cfg.logging.samples_every_n_steps),
         VLLMWeightSync(),
         LearningRateMonitor(logging_interval="step"),
         RichProgressBar(),

@@ -2,6 +2,7 @@
 
 from memr1.callbacks.export import ExportPolicy
 from memr1.callbacks.plots import TrainingCurves
+from memr1.callbacks.samples import SampleLog
 from memr1.callbacks.weight_sync import VLLMWeightSync
 
-__all__ = ["ExportPolicy", "TrainingCurves", "VLLMWeightSync"]
+__all__ = ["ExportPolicy", "SampleLog", "TrainingCurves", "VLLMWeightSync"]

@@ -39,8 +39,9 @@ class VLLMEngine:
     it and cuts the text before it; an EOS token stays in `response_ids`: the same conventions.
 
     The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` unless already set) so that
-    `load_weights` can reach the model object; that is vLLM's colocated mode, where the trainer and the
-    sampler share the GPU (set `gpu_memory_utilization` to leave the trainer room).
+    `load_weights` hands the trainer's tensors over without serialising them; that is vLLM's colocated
+    mode, where the trainer and the sampler share the GPU (set `gpu_memory_utilization` to leave the
+    trainer room).
     """
 
     def __init__(
@@ -100,10 +101,17 @@ class VLLMEngine:
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Overwrite the served weights with the trainer's (Hugging Face parameter names, as in
-        `model.state_dict()` of a plain, un-wrapped causal LM). Prefix-cached KV of the old weights is
-        dropped so no later prompt reuses it."""
-        weights = list(named_tensors)
-        self.llm.apply_model(lambda model: model.load_weights(weights))
+        `model.state_dict()` of a plain, un-wrapped causal LM).
+
+        Goes through vLLM's in-place reload (`reload_weights`, vLLM >= 0.18), which re-runs the weight
+        processing a backend applied at load time (the CPU backend repacks weights, and plain
+        `model.load_weights` fails on it). Prefix-cached KV of the old weights is dropped so no later
+        prompt reuses it.
+        """
+        self.llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": iter(list(named_tensors)), "is_checkpoint_format": True},
+        )
         self.llm.reset_prefix_cache()
 
     def load_lora(self, adapter_dir: str | os.PathLike[str]) -> None:

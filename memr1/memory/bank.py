@@ -213,6 +213,7 @@ class MemoryBank(MemoryView):
             batch = [added(op, self._new_id(step), step, vector) for op, vector, step in zip(batch_ops, batch_vectors, steps)]
             self._commit(batch)
             entries.extend(memory.entry for memory in batch)
+        self._store.flush()
         return entries
 
     def restore(self, memory_id: str) -> MemoryEntry:

@@ -123,6 +123,11 @@ class MilvusStore:
     def upsert(self, memories: Sequence[StoredMemory]) -> None:
         self.client.upsert(self.collection, [to_row(memory) for memory in memories])
 
+    def flush(self) -> None:
+        """Seal buffered writes into segments. Milvus Lite searches unflushed rows far more slowly
+        (measured: ~600 ms at 10k rows, ~40 ms once flushed), so bulk loads end with this."""
+        self.client.flush(self.collection)
+
     def rows(self) -> Iterator[StoredMemory]:
         """Every stored memory, deleted ones included, in no particular order."""
         quiet = _LiteSessionTsFilter() if is_lite_uri(self.uri) else None

@@ -96,9 +96,9 @@ class RLModule(LightningModule):
         super().__init__()
         if algo.name == "ppo" and critic is None:
             raise ValueError("algo=ppo needs a critic (a value model)")
-        self.policy = policy
-        self.critic = critic if algo.name == "ppo" else None
-        self.reference = reference
+        self.policy = policy.train()
+        self.critic = critic.train() if critic is not None and algo.name == "ppo" else None
+        self.reference = reference.eval() if reference is not None else None
         self.tokenizer = tokenizer
         self.env = env
         self.algo = algo
@@ -107,6 +107,10 @@ class RLModule(LightningModule):
         self.engine = engine or HFEngine(policy, tokenizer, batch_size=max(algo.micro_batch_size, 8))
         self.automatic_optimization = False
         self.save_hyperparameters({"algo": asdict(algo), "seed": seed})
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        # A batch is a list of states (Python objects): tensors are made, on the right device, in rollout.
+        return batch
 
     # -- optimisation -------------------------------------------------------------------------------
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
@@ -269,6 +273,7 @@ class RLModule(LightningModule):
     def training_step(self, states: list[Any], batch_idx: int) -> None:
         self._stage_seconds = {}
         batch, rewards = self.rollout(states)
+        self.last_rollout = (batch, rewards)  # read by SampleLog and by tests
         group_ids = [index for index, _ in enumerate(states) for _ in range(len(batch) // len(states))]
         started = time.perf_counter()
         self._score_batch(batch)

@@ -87,7 +87,9 @@ def test_stop_string_conventions_match_hf(engine, tokenizer):
     full = engine.generate([PROMPTS[2]], SamplingConfig(max_new_tokens=24, temperature=0))[0][0]
     stop = full.text[6:9]
     assert len(stop) == 3 and full.text.find(stop) > 0
-    stopped = engine.generate([PROMPTS[2]], SamplingConfig(max_new_tokens=24, temperature=0, stop=(stop,)))[0][0]
+    stopped = engine.generate([PROMPTS[2]], SamplingConfig(max_new_tokens=24, temperature=0, stop=(stop,)))[
+        0
+    ][0]
     assert stopped.finish_reason == "stop"
     assert stopped.text == full.text[: full.text.find(stop)]
     assert stopped.response_ids == full.response_ids[: len(stopped.response_ids)]
@@ -97,18 +99,27 @@ def test_stop_string_conventions_match_hf(engine, tokenizer):
 
 def test_load_weights_then_load_lora(engine, tokenizer, hf_model, tmp_path):
     greedy = SamplingConfig(max_new_tokens=10, temperature=0)
+
+    def served() -> list[list[int]]:
+        return [samples[0].response_ids for samples in engine.generate(PROMPTS, greedy)]
+
+    def hf(model) -> list[list[int]]:
+        return [samples[0].response_ids for samples in HFEngine(model, tokenizer).generate(PROMPTS, greedy)]
+
+    base = served()
     other = tiny_causal_lm(tokenizer, seed=1, **TINY)
+    assert hf(other) != base  # the new weights answer differently: the sync is observable
     engine.load_weights(other.state_dict().items())
-    expected = HFEngine(other, tokenizer).generate(PROMPTS, greedy)
-    assert [s[0].response_ids for s in engine.generate(PROMPTS, greedy)] == [s[0].response_ids for s in expected]
+    assert served() == hf(other)
 
     engine.load_weights(hf_model.state_dict().items())
+    assert served() == base
     policy = apply_lora(tiny_causal_lm(tokenizer, **TINY), r=8, alpha=16, dropout=0.0)
     with torch.no_grad():
         for name, parameter in policy.named_parameters():
             if "lora_B" in name:
                 parameter.normal_(0, 0.5, generator=torch.Generator().manual_seed(3))
+    assert hf(policy) != base
     policy.save_pretrained(tmp_path / "adapter")
     engine.load_lora(tmp_path / "adapter")
-    expected = HFEngine(policy, tokenizer).generate(PROMPTS, greedy)
-    assert [s[0].response_ids for s in engine.generate(PROMPTS, greedy)] == [s[0].response_ids for s in expected]
+    assert served() == hf(policy)

@@ -1,0 +1,122 @@
+"""The RL LightningModule on a tiny random model with the real SmolLM2 tokenizer.
+
+The environments here are test doubles for the *environment* (they reward fixed positions in each
+group), so what is tested is the module: rollout → advantages → update, PPO and GRPO, on a real
+Lightning Trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from torch.utils.data import DataLoader
+
+from memr1.agents.answer import AnswerAgent
+from memr1.envs.answer import AnswerEnv, AnswerState
+from memr1.envs.base import Reward
+from memr1.llm.loading import load_tokenizer
+from memr1.llm.testing import tiny_causal_lm
+from memr1.llm.value import ValueModel
+from memr1.modules.answer import AnswerRLModule
+from memr1.modules.base import AlgoConfig, RLModule
+from memr1.rl.batch import response_logprobs
+from memr1.types import MemoryEntry, Question
+
+EMBEDDED = "embedded:smollm2-135m-instruct"
+
+
+class FirstOfGroupEnv:
+    """Rewards the first response of every group of `group_size` rows with 1, the others with 0."""
+
+    def __init__(self, group_size: int) -> None:
+        self.group_size = group_size
+
+    def prompt(self, state: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": state}]
+
+    def score(self, states: Sequence[str], responses: Sequence[str]) -> list[Reward]:
+        return [Reward(1.0 if row % self.group_size == 0 else 0.0, None) for row in range(len(responses))]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(EMBEDDED)
+
+
+def fit_one_step(module: RLModule, states: list, steps: int = 1) -> Trainer:
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    loader = DataLoader(states, batch_size=len(states), collate_fn=list)
+    trainer.fit(module, train_dataloaders=loader)
+    return trainer
+
+
+def sequence_logprobs(module: RLModule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(old, new) summed response log-probs per row of the last rollout, and its advantages per row."""
+    batch, _ = module.last_rollout
+    module.policy.eval()
+    with torch.no_grad():
+        new, _ = response_logprobs(module.policy, batch)
+    mask = batch.response_mask.float()
+    advantage = (batch.advantages * mask).sum(1) / mask.sum(1).clamp(min=1)
+    return (batch.old_logprobs * mask).sum(1), (new * mask).sum(1), advantage
+
+
+def test_grpo_step_raises_the_logprob_of_rewarded_samples(tokenizer):
+    algo = AlgoConfig(
+        name="grpo", group_size=4, max_new_tokens=8, actor_lr=1e-3, kl_coef=0.0, micro_batch_size=4, grad_clip=100.0
+    )
+    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, FirstOfGroupEnv(4), algo, seed=3)
+    before = {name: p.detach().clone() for name, p in module.policy.named_parameters()}
+    fit_one_step(module, ["Say hello.", "Count to three."])
+    old, new, advantage = sequence_logprobs(module)
+    # Group advantages: the rewarded first sample of each group is positive, the other three negative.
+    assert (advantage[[0, 4]] > 0).all() and (advantage[[1, 2, 3, 5, 6, 7]] < 0).all()
+    assert (new[advantage > 0] > old[advantage > 0]).all()
+    assert (new[advantage < 0] - old[advantage < 0]).mean() < 0
+    assert any(not torch.equal(before[name], p) for name, p in module.policy.named_parameters())
+
+
+def test_ppo_step_updates_actor_and_critic_in_the_direction_of_the_advantage(tokenizer):
+    algo = AlgoConfig(name="ppo", group_size=1, max_new_tokens=8, actor_lr=1e-3, critic_lr=1e-2, micro_batch_size=2, grad_clip=100.0)
+    critic = ValueModel(tiny_causal_lm(tokenizer, seed=2))
+    # One state per "group": state 0 and 2 earn 1, states 1 and 3 earn 0 (FirstOfGroupEnv with groups of 2).
+    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, FirstOfGroupEnv(2), algo, critic=critic, seed=5)
+    head_before = critic.value_head.bias.detach().clone()
+    fit_one_step(module, ["a", "b", "c", "d"])
+    old, new, advantage = sequence_logprobs(module)
+    # The critic starts at 0, so GAE (gamma = lambda = 1, whitened) is positive exactly where reward is 1.
+    assert (advantage[[0, 2]] > 0).all() and (advantage[[1, 3]] < 0).all()
+    assert (new[[0, 2]] > old[[0, 2]]).all()
+    assert (new[[1, 3]] < old[[1, 3]]).all()
+    # Returns are 0.5 on average: the value head's bias moved up from 0.
+    assert critic.value_head.bias.item() > head_before.item()
+
+
+def test_malformed_answers_from_a_random_model_never_stop_training(tokenizer):
+    """A random model writes garbage: every response is a format error, and training goes on."""
+    memories = {
+        "Andrew": [MemoryEntry("m1", "Andrew adopted two dogs, Buddy and Scout", "Andrew", "1 May, 2023")],
+        "Audrey": [],
+    }
+    states = [
+        AnswerState(Question("c/q0", "c", "What are Andrew's dogs called?", "Buddy and Scout", ("D1:1",), 1), memories),
+        AnswerState(Question("c/q1", "c", "When did Andrew adopt dogs?", "May 2023", ("D1:1",), 2), memories),
+    ]
+    env = AnswerEnv(AnswerAgent(), reward="em", format_penalty=-0.5)
+    algo = AlgoConfig(name="grpo", group_size=2, max_new_tokens=6, actor_lr=1e-4, kl_coef=0.0, micro_batch_size=4)
+    module = AnswerRLModule(tiny_causal_lm(tokenizer, seed=4), tokenizer, env, algo, seed=0)
+    trainer = fit_one_step(module, states, steps=2)
+    assert trainer.global_step == 2
+    batch, rewards = module.last_rollout
+    assert len(rewards) == 4
+    assert all(r.format_error is not None and r.score == -0.5 for r in rewards)
