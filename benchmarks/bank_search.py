@@ -1,5 +1,5 @@
 """Memory-bank search latency: the in-process index beside numpy brute force, Milvus Lite's own
-filtered search, and a fork carrying ~50 overlay ops.
+filtered search, and a fork carrying ~50 overlay ops (plus the cost of `fork()` itself).
 
 Each size gets a fresh Milvus Lite bank filled through `MemoryBank.add_many` with random unit vectors
 (dim 384) split between two speakers. Every search is top-30 with a speaker filter; query vectors are
@@ -99,6 +99,11 @@ def run_size(n: int, embedder: Embedder, workdir: Path, num_queries: int, milvus
             [[row_of[e.id] for e in ours] == list(theirs) for ours, theirs in zip(index_hits, brute_hits)]
         )
 
+        start = time.perf_counter()
+        for _ in range(1_000):
+            bank.fork()
+        fork_create_us = (time.perf_counter() - start) * 1e3  # per fork: total seconds / 1000 * 1e6
+
         fork = bank.fork()
         for op in fork_ops(bank, rng):
             fork.apply(op)
@@ -117,6 +122,7 @@ def run_size(n: int, embedder: Embedder, workdir: Path, num_queries: int, milvus
         "brute_force": percentiles(brute_ms),
         "milvus_lite": percentiles(milvus_ms),
         "fork": percentiles(fork_ms),
+        "fork_create_us": fork_create_us,
         "index_over_brute_p50": float(np.median(index_ms) / np.median(brute_ms)),
         "top30_agree": float(agree),
     }
@@ -125,7 +131,7 @@ def run_size(n: int, embedder: Embedder, workdir: Path, num_queries: int, milvus
 def render(results: list[dict]) -> Table:
     table = Table(title=f"bank search: top-{K}, speaker filter (half the rows), dim {DIM}")
     for column in ("entries", "insert rows/s", "reopen s", "index p50/p95 ms", "brute p50/p95 ms", "index/brute",
-                   "Milvus Lite p50/p95 ms", "fork p50/p95 ms", "agree"):
+                   "Milvus Lite p50/p95 ms", "fork p50/p95 ms", "fork() µs", "agree"):
         table.add_column(column, justify="right")
 
     def pair(stats: dict[str, float]) -> str:
@@ -141,6 +147,7 @@ def render(results: list[dict]) -> Table:
             f"{r['index_over_brute_p50']:.2f}x",
             pair(r["milvus_lite"]),
             pair(r["fork"]),
+            f"{r['fork_create_us']:.1f}",
             f"{r['top30_agree']:.0%}",
         )
     return table
@@ -155,18 +162,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args()
     if any(size < 2 * FORK_OPS for size in args.sizes):
-        parser.error(f"--sizes: each size must be at least {2 * FORK_OPS} (the fork updates and deletes {FORK_OPS // 2})")
+        parser.error(f"--sizes: each size must be at least {2 * FORK_OPS}: the fork changes {FORK_OPS // 2} memories")
 
     embedder = Embedder()  # only the fork's ADD / UPDATE texts are embedded, outside the timings
-    console = Console()
+    console = Console(width=150)
+    load_before = os.getloadavg()[0]  # timings on a shared machine move with its load: keep it beside them
     results = []
     with tempfile.TemporaryDirectory(prefix="bank_search_") as workdir:
         for size in args.sizes:
             console.log(f"{size:,} entries ...")
             results.append(run_size(size, embedder, Path(workdir), args.queries, args.milvus_queries, args.seed))
     console.print(render(results))
+    console.print(f"{os.cpu_count()} CPUs, 1-min load average {load_before:.2f} at start")
     if args.out:
-        report = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "k": K, "results": results}
+        machine = {"cpus": os.cpu_count(), "load_average_1min": load_before, "platform": platform.platform()}
+        report = {"machine": machine, "k": K, "results": results}
         args.out.write_text(json.dumps(report, indent=2))
         console.log(f"wrote {args.out}")
 

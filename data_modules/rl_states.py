@@ -15,10 +15,10 @@ Both datasets hold only their (small) index eagerly; a state is built in `__geti
 small LRU cache. States hold views of Milvus-backed banks, which live in this process: load them with
 `num_workers=0` (Milvus Lite allows one process per database anyway).
 
-Training order (`StepBatches`): the batch of global step `s` is a pure function of (seed, s): the
-states are visited in a fresh permutation per pass over the data, seeded by (seed, pass index), and
-step `s` takes the positions [s * batch_size, (s + 1) * batch_size) of that endless sequence. A run
-resumed at step `s` therefore sees exactly the batches an unbroken run saw.
+Training order (`StepBatches`): the batch of global step `s` is a pure function of (seed, s): every
+pass over the data visits the states in a fresh permutation seeded by (seed, pass index), cut into
+`num_states // batch_size` batches (`batch_indices`). A run resumed at step `s` therefore sees exactly
+the batches an unbroken run saw.
 """
 
 from __future__ import annotations
@@ -269,18 +269,20 @@ def pass_permutation(num_states: int, seed: int, pass_index: int) -> np.ndarray:
 
 
 def batch_indices(step: int, num_states: int, batch_size: int, seed: int) -> list[int]:
-    """The state indices of global step `step`: positions [step * batch_size, (step + 1) * batch_size)
-    of the passes' permutations laid end to end (a batch may straddle two passes)."""
-    if step < 0 or num_states < 1 or batch_size < 1 or seed < 0:
+    """The state indices of global step `step`.
+
+    Each pass over the data is `num_states // batch_size` batches cut from that pass's permutation;
+    the last `num_states % batch_size` states of the permutation sit that pass out (different ones
+    each pass), so a batch never holds a state twice. Step s is batch s % per_pass of pass s // per_pass.
+    """
+    if step < 0 or batch_size < 1 or seed < 0 or num_states < batch_size:
         raise ValueError(
-            f"batch_indices: need step >= 0, num_states >= 1, batch_size >= 1, seed >= 0; "
-            f"got step={step}, num_states={num_states}, batch_size={batch_size}, seed={seed}"
+            f"batch_indices: need step >= 0, 1 <= batch_size <= num_states, seed >= 0; "
+            f"got step={step}, batch_size={batch_size}, num_states={num_states}, seed={seed}"
         )
-    start = step * batch_size
-    first_pass, last_pass = start // num_states, (start + batch_size - 1) // num_states
-    order = np.concatenate([pass_permutation(num_states, seed, p) for p in range(first_pass, last_pass + 1)])
-    offset = start - first_pass * num_states
-    return order[offset : offset + batch_size].tolist()
+    pass_index, batch = divmod(step, num_states // batch_size)
+    start = batch * batch_size
+    return pass_permutation(num_states, seed, pass_index)[start : start + batch_size].tolist()
 
 
 class StepBatches(IterableDataset[list[Any]]):
@@ -288,13 +290,11 @@ class StepBatches(IterableDataset[list[Any]]):
     `[states[i] for i in batch_indices(s, len(states), batch_size, seed)]`. Load it with
     `DataLoader(..., batch_size=None, num_workers=0)`: it yields whole batches, from one process."""
 
-    def __init__(self, states: Dataset[Any], batch_size: int, seed: int, steps: range) -> None:
-        if batch_size < 1:
-            raise ValueError(f"StepBatches.batch_size: must be >= 1, got {batch_size}")
+    def __init__(self, states: ManagerStates | AnswerStates, batch_size: int, seed: int, steps: range) -> None:
+        if not 1 <= batch_size <= len(states):
+            raise ValueError(f"StepBatches.batch_size: must be in 1..{len(states)} (the number of states), got {batch_size}")
         if seed < 0:
             raise ValueError(f"StepBatches.seed: must be >= 0, got {seed}")
-        if len(states) == 0:  # type: ignore[arg-type]  # map-style datasets here all have a length
-            raise ValueError("StepBatches: no states to draw batches from")
         if steps.step != 1 or steps.start < 0:
             raise ValueError(f"StepBatches.steps: expected a range of consecutive steps from >= 0, got {steps}")
         self.states = states
@@ -303,7 +303,7 @@ class StepBatches(IterableDataset[list[Any]]):
         self.steps = steps
 
     def indices(self, step: int) -> list[int]:
-        return batch_indices(step, len(self.states), self.batch_size, self.seed)  # type: ignore[arg-type]
+        return batch_indices(step, len(self.states), self.batch_size, self.seed)
 
     def __iter__(self) -> Iterator[list[Any]]:
         for step in self.steps:

@@ -246,6 +246,8 @@ def test_load_policy_from_a_directory_with_lora_adapter_or_full_checkpoint(
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="neither a LoRA adapter"):
         load_policy(saved_tiny_model, adapter=tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        load_policy(saved_tiny_model, adapter=tmp_path / "missing")
 
 
 def test_load_policy_dtype(saved_tiny_model):
@@ -279,6 +281,18 @@ def test_backbone_configs(name):
 
 
 # ---- the real embedded model ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_embedded_tokenizer_is_read_from_the_gguf_once_then_cached(tokenizer, tmp_path):
+    fresh = load_tokenizer(EMBEDDED, cache_dir=tmp_path)  # reads the GGUF's vocabulary (~10 s)
+    cached_dir = tmp_path / "tokenizers" / "smollm2-135m-instruct"
+    assert (cached_dir / "tokenizer.json").is_file()
+    assert [p.name for p in (tmp_path / "tokenizers").iterdir()] == ["smollm2-135m-instruct"]
+    again = load_tokenizer(EMBEDDED, cache_dir=tmp_path)
+    text = "Caroline moved from Sweden 4 years ago.<|im_end|>"
+    assert fresh(text)["input_ids"] == again(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert again.chat_template == SMOLLM2_CHAT_TEMPLATE and again.padding_side == "left"
 
 
 @pytest.mark.slow

@@ -176,6 +176,8 @@ def load_policy(
     if adapter is None:
         return _from_pretrained(AutoModelForCausalLM, base, dtype=torch_dtype).eval(), tokenizer
     adapter_dir = Path(adapter)
+    if not adapter_dir.is_dir():
+        raise FileNotFoundError(f"adapter {adapter_dir}: no such directory")
     if (adapter_dir / "adapter_config.json").is_file():
         from peft import PeftModel  # peft's import is slow and only LoRA checkpoints need it
 

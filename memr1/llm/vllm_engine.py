@@ -58,8 +58,8 @@ class VLLMEngine:
         seed: int = 0,
         **llm_options: Any,
     ) -> None:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         vllm = _import_vllm()
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # read when the engine starts
         checkpoint = resolve_checkpoint(model_name_or_path, cache_dir)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_name_or_path, cache_dir)
         self.enable_lora = enable_lora

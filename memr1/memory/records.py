@@ -116,12 +116,14 @@ def updated(memory: StoredMemory, op: MemoryOp, step: int, vector: np.ndarray) -
 
 def deleted(memory: StoredMemory, step: int) -> StoredMemory:
     entry = dataclasses.replace(memory.entry, updated_step=step)
-    return StoredMemory(entry, memory.vector, deleted=True, history=memory.history + (_revision("DELETE", step, entry),))
+    history = memory.history + (_revision("DELETE", step, entry),)
+    return StoredMemory(entry, memory.vector, deleted=True, history=history)
 
 
 def restored(memory: StoredMemory, step: int) -> StoredMemory:
     entry = dataclasses.replace(memory.entry, updated_step=step)
-    return StoredMemory(entry, memory.vector, deleted=False, history=memory.history + (_revision("RESTORE", step, entry),))
+    history = memory.history + (_revision("RESTORE", step, entry),)
+    return StoredMemory(entry, memory.vector, deleted=False, history=history)
 
 
 def _revision(action: RevisionAction, step: int, entry: MemoryEntry) -> Revision:

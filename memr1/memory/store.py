@@ -1,8 +1,8 @@
 """One bank's Milvus collection: the store of record (a Milvus Lite `.db` directory or a server URI).
 
 Each row is one memory, deleted ones included (deletes are soft). Rows are written before the
-in-process index changes, so whatever a bank has acknowledged is on disk: Milvus Lite appends every
-write to its log before answering.
+in-process index changes, so whatever a bank has acknowledged is stored: Milvus Lite appends every
+write to its log and hands it to the OS before answering, so a killed process loses none of them.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from memr1.memory.records import (
 )
 from memr1.types import MemoryEntry
 
-FIELDS = ("id", "vector", "text", "speaker", "timestamp", "provenance", "created_step", "updated_step", "deleted", "history")
-SCALAR_FIELDS = [name for name in FIELDS if name != "vector"]
+FIELDS = (
+    "id", "vector", "text", "speaker", "timestamp", "provenance", "created_step", "updated_step", "deleted", "history"
+)
 MAX_ID_BYTES = 128
 WRITE_BATCH = 1_000  # rows per insert request: ~1.6 MB of vectors, far below gRPC's message limit
 READ_BATCH = 2_000
@@ -40,6 +41,16 @@ _LITE_LOCK_FILE = "LOCK"
 # which releases the file lock for other processes.
 _lite_users: dict[str, int] = {}
 
+_ITERATOR_LOG = logging.getLogger("pymilvus.client.iterator.query_iterator")
+
+
+class _LiteSessionTsFilter(logging.Filter):
+    """Drops pymilvus' warning that the server gave no session timestamp: Milvus Lite never gives one
+    and its reads see every acknowledged write anyway; the warning would only repeat on every open."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "failed to get mvccTs" not in record.getMessage()
+
 
 def is_lite_uri(uri: str) -> bool:
     return uri.endswith(".db")
@@ -50,7 +61,7 @@ def resolve_uri(uri: str | Path) -> str:
     uri = str(uri)
     if is_lite_uri(uri):
         return os.path.abspath(uri)
-    if re.match(r"(https?|tcp|unix)://", uri) is None and not uri.startswith("unix:"):
+    if re.match(r"(https?|tcp)://|unix:", uri) is None:
         raise ValueError(
             f"Milvus URI {uri!r}: expected a local Milvus Lite path ending in .db or a server URI "
             "(http://host:port, https://..., tcp://..., unix:...)"
@@ -168,17 +179,6 @@ class MilvusStore:
             _release_lite(self.uri)
 
 
-_ITERATOR_LOG = logging.getLogger("pymilvus.client.iterator.query_iterator")
-
-
-class _LiteSessionTsFilter(logging.Filter):
-    """Drops pymilvus' warning that the server gave no session timestamp: Milvus Lite never does, and
-    it serialises reads and writes anyway, so the warning would only repeat on every bank open."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "failed to get mvccTs" not in record.getMessage()
-
-
 def _connect(uri: str, token: str) -> MilvusClient:
     if not is_lite_uri(uri):
         return MilvusClient(uri=uri, token=token)
@@ -233,8 +233,9 @@ def to_row(memory: StoredMemory) -> dict:
         "updated_step": entry.updated_step,
         "deleted": memory.deleted,
         "history": [
-            {"action": r.action, "step": r.step, "text": r.text, "timestamp": r.timestamp, "provenance": list(r.provenance)}
-            for r in memory.history
+            {"action": rev.action, "step": rev.step, "text": rev.text, "timestamp": rev.timestamp,
+             "provenance": list(rev.provenance)}
+            for rev in memory.history
         ],
     }
 
@@ -257,6 +258,7 @@ def from_row(row: dict, where: str) -> StoredMemory:
             for r in row["history"]
         )
         vector = np.asarray(row["vector"], dtype=np.float32)
+        is_deleted = bool(row["deleted"])
     except (KeyError, TypeError, ValueError) as error:
         raise MemoryBankError(f"{where}: row {row_id!r}: malformed field {error}") from error
-    return StoredMemory(entry, vector, deleted=bool(row["deleted"]), history=history)
+    return StoredMemory(entry, vector, deleted=is_deleted, history=history)

@@ -216,47 +216,50 @@ class RLModule(LightningModule):
             stats.setdefault(name, []).append(float(value))
 
         generator = torch.Generator().manual_seed(self.seed * 7919 + self.global_step)
-        for _ in range(self.algo.ppo_epochs):
-            for minibatch in batch.minibatches(mini_size, generator):
-                micro_batches = list(self._micro(minibatch))
-                for micro in micro_batches:
-                    weight = len(micro) / len(minibatch)
-                    mask = micro.response_mask.float()
-                    logprobs, entropy = response_logprobs(self.policy, micro, with_entropy=True)
-                    pg_loss, pg_stats = core.policy_loss(
-                        logprobs,
-                        micro.old_logprobs,
-                        micro.advantages,
-                        mask,
-                        clip_ratio_low=self.algo.clip_ratio_low,
-                        clip_ratio_high=self.algo.clip_ratio_high,
-                        clip_ratio_c=self.algo.clip_ratio_c,
-                        loss_agg_mode=self.algo.loss_agg_mode,
+        minibatches = [mb for _ in range(self.algo.ppo_epochs) for mb in batch.minibatches(mini_size, generator)]
+        for position, minibatch in enumerate(minibatches):
+            for micro in self._micro(minibatch):
+                weight = len(micro) / len(minibatch)
+                mask = micro.response_mask.float()
+                logprobs, entropy = response_logprobs(self.policy, micro, with_entropy=True)
+                pg_loss, pg_stats = core.policy_loss(
+                    logprobs,
+                    micro.old_logprobs,
+                    micro.advantages,
+                    mask,
+                    clip_ratio_low=self.algo.clip_ratio_low,
+                    clip_ratio_high=self.algo.clip_ratio_high,
+                    clip_ratio_c=self.algo.clip_ratio_c,
+                    loss_agg_mode=self.algo.loss_agg_mode,
+                )
+                entropy_loss = core.aggregate_loss(entropy, mask, self.algo.loss_agg_mode)
+                loss = pg_loss - self.algo.entropy_coef * entropy_loss
+                if micro.ref_logprobs is not None:
+                    kl = core.aggregate_loss(
+                        core.kl_penalty(logprobs, micro.ref_logprobs, self.algo.kl_kind), mask, self.algo.loss_agg_mode
                     )
-                    entropy_loss = core.aggregate_loss(entropy, mask, self.algo.loss_agg_mode)
-                    loss = pg_loss - self.algo.entropy_coef * entropy_loss
-                    if micro.ref_logprobs is not None:
-                        kl = core.aggregate_loss(
-                            core.kl_penalty(logprobs, micro.ref_logprobs, self.algo.kl_kind), mask, self.algo.loss_agg_mode
-                        )
-                        loss = loss + self.algo.kl_coef * kl
-                        note("kl", kl.detach())
-                    self.manual_backward(loss * weight)
-                    note("policy_loss", pg_loss.detach())
-                    note("entropy", entropy_loss.detach())
-                    for key, value in pg_stats.items():
-                        note(key, value)
-                    if self.critic is not None:
-                        values = response_values(self.critic, micro)
-                        v_loss, v_clip = core.value_loss(
-                            values, micro.old_values, micro.returns, mask, self.algo.value_clip, self.algo.loss_agg_mode
-                        )
-                        self.manual_backward(v_loss * weight)
-                        note("value_loss", v_loss.detach())
-                        note("value_clip_frac", v_clip)
-                note("grad_norm", self._step(actor_opt, self.policy))
-                if critic_opt is not None:
-                    note("critic_grad_norm", self._step(critic_opt, self.critic))
+                    loss = loss + self.algo.kl_coef * kl
+                    note("kl", kl.detach())
+                self.manual_backward(loss * weight)
+                note("policy_loss", pg_loss.detach())
+                note("entropy", entropy_loss.detach())
+                for key, value in pg_stats.items():
+                    note(key, value)
+                if self.critic is not None:
+                    values = response_values(self.critic, micro)
+                    v_loss, v_clip = core.value_loss(
+                        values, micro.old_values, micro.returns, mask, self.algo.value_clip, self.algo.loss_agg_mode
+                    )
+                    self.manual_backward(v_loss * weight)
+                    note("value_loss", v_loss.detach())
+                    note("value_clip_frac", v_clip)
+            # Lightning counts every LightningOptimizer.step as a global step; one RL step is one
+            # rollout batch, so only the batch's last actor step goes through it, the others
+            # (earlier mini-batches, the critic) step the wrapped torch optimiser directly.
+            last = position == len(minibatches) - 1
+            if critic_opt is not None:
+                note("critic_grad_norm", self._step(critic_opt.optimizer, self.critic))
+            note("grad_norm", self._step(actor_opt if last else actor_opt.optimizer, self.policy))
         return {name: sum(values) / len(values) for name, values in stats.items()}
 
     def _step(self, optimizer: Any, module: nn.Module) -> float:

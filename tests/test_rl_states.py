@@ -1,0 +1,288 @@
+"""RL states on the tiny LoCoMo fixture with real Milvus Lite banks (tmp_path) and the real MiniLM
+embedder, the step-indexed loader through a real Lightning resume, and the state counts of the real
+file (skipped when it is absent). About 25 s on 2 cores.
+
+tests/fixtures/locomo_mini.json, mini-1 (Ana, Ben), turns in order with their facts:
+  0 D1:1 "Ana adopted a dog named Rex."       3 D2:1 "Ben has run 3 marathons."
+  1 D1:2 "Ben started running in 2022."       4 D2:2 "Rex learned to fetch."
+  2 D1:3 "Ana took Rex to the park." (cites D1:1 and D1:3: known at D1:3)
+  and "Ben likes trail running.", which cites no turn of the conversation.
+Questions (category 5 excluded): q0 evidence D1:2, q1 D1:1 + D1:3, q3 D2:1, q4 none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from data_modules.locomo import LoCoMoDataModule, default_locomo_path
+from data_modules.rl_states import (
+    AnswerStates,
+    ManagerStates,
+    RLStatesDataModule,
+    StateKey,
+    StepBatches,
+    batch_indices,
+    build_teacher_banks,
+    in_window,
+    known_position,
+    pass_permutation,
+)
+from memr1.embed import Embedder
+from memr1.envs import AnswerState, ManagerState
+from memr1.memory import MemoryBank
+from memr1.types import Conversation
+
+FIXTURE = Path(__file__).parent / "fixtures" / "locomo_mini.json"
+SPLITS = {"train": ["mini-1"], "validation": ["mini-2"], "test": []}
+
+ADOPTED = "Ana adopted a dog named Rex."
+RUNNING = "Ben started running in 2022."
+PARK = "Ana took Rex to the park."
+MARATHONS = "Ben has run 3 marathons."
+FETCH = "Rex learned to fetch."
+TRAIL = "Ben likes trail running."
+
+
+def locomo_args() -> dict:
+    return {"path": FIXTURE, "sha256": hashlib.sha256(FIXTURE.read_bytes()).hexdigest(), "splits": SPLITS}
+
+
+@pytest.fixture(scope="module")
+def conversations() -> list[Conversation]:
+    module = LoCoMoDataModule(**locomo_args())
+    module.prepare_data()
+    module.setup()
+    return module.conversations("train") + module.conversations("validation")
+
+
+@pytest.fixture(scope="module")
+def teachers(tmp_path_factory: pytest.TempPathFactory, conversations, embedder: Embedder) -> Iterator[dict[str, MemoryBank]]:
+    folder = tmp_path_factory.mktemp("teachers")
+    banks = build_teacher_banks(conversations, folder / "teachers.db", embedder, folder / "progress.json")
+    yield banks
+    for bank in banks.values():
+        bank.close()
+
+
+# ---- pure helpers ----------------------------------------------------------------------------------
+
+
+def test_window_membership_is_the_window_turns_strictly_before() -> None:
+    positions = {"D1:1": 0, "D1:2": 1, "D1:3": 2, "D2:1": 3}
+    assert known_position(("D1:1", "D1:3"), positions) == 2  # the latest turn cited
+    assert known_position(("D9:9",), positions) is None
+    assert known_position((), positions) is None
+    # fact at position 3, window 2: positions 1 and 2 only.
+    assert [in_window(p, 3, 2) for p in (0, 1, 2, 3, 4)] == [False, True, True, False, False]
+    assert not in_window(None, 3, 50)
+
+
+def test_batches_are_a_fresh_permutation_per_pass_cut_into_whole_batches() -> None:
+    # numpy's SeedSequence([seed, pass]) + PCG64 permutations: the same on every machine.
+    assert [pass_permutation(5, 0, p).tolist() for p in range(3)] == [[2, 4, 3, 0, 1], [1, 4, 3, 0, 2], [4, 2, 1, 0, 3]]
+    # 5 states in batches of 2: two batches per pass, the permutation's last state sits the pass out.
+    assert [batch_indices(s, 5, 2, seed=0) for s in range(6)] == [[2, 4], [3, 0], [1, 4], [3, 0], [4, 2], [1, 0]]
+    assert batch_indices(0, 5, 2, seed=1) == pass_permutation(5, 1, 0).tolist()[:2] == [4, 0]
+    with pytest.raises(ValueError, match="batch_size <= num_states"):
+        batch_indices(0, 3, 4, seed=0)
+    with pytest.raises(ValueError, match="step >= 0"):
+        batch_indices(-1, 5, 2, seed=0)
+
+
+# ---- manager states --------------------------------------------------------------------------------
+
+
+def texts(state: ManagerState) -> set[str]:
+    return {entry.text for entry in state.bank.entries()}
+
+
+def test_manager_states_index_turns_and_cut_the_window_bank(conversations, teachers) -> None:
+    mini_1 = conversations[0]
+    asked: list[str] = []
+
+    def bank_for(conversation_id: str) -> MemoryBank:
+        asked.append(conversation_id)
+        return teachers[conversation_id]
+
+    states = ManagerStates([mini_1], bank_for, window=2, num_candidates=5)
+    assert asked == []  # nothing built before the first state is asked for
+    assert states.keys == [StateKey("mini-1", "D1:1", 0), StateKey("mini-1", "D1:2", 0), StateKey("mini-1", "D1:3", 0), StateKey("mini-1", "D2:1", 0)]
+    assert len(states) == 4 and states.skipped_turns == 0
+    built = [states[index] for index in range(4)]
+    assert [state.fact.text for state in built] == [ADOPTED, RUNNING, PARK, MARATHONS]
+    assert [[q.qid for q in state.questions] for state in built] == [["mini-1/q1"], ["mini-1/q0"], ["mini-1/q1"], ["mini-1/q3"]]
+    # Window 2: the facts known at the two turns strictly before the fact's turn.
+    assert [texts(state) for state in built] == [set(), {ADOPTED}, {ADOPTED, RUNNING}, {RUNNING, PARK}]
+    # Candidates: the fact's speaker's memories in that bank.
+    assert [[c.text for c in state.candidates] for state in built] == [[], [], [ADOPTED], [RUNNING]]
+    assert built[0].speakers == ("Ana", "Ben") and built[0].conversation_id == "mini-1"
+    assert states[2] is built[2]  # cached
+    assert asked == ["mini-1"]  # the teacher is fetched once per conversation
+    assert len(teachers["mini-1"]) == 6  # the window forks never touch the teacher
+
+    wide = ManagerStates([mini_1], teachers.__getitem__, window=50)
+    # The trail-running fact cites no turn and fetching comes after: neither is ever in a window.
+    assert texts(wide[3]) == {ADOPTED, RUNNING, PARK}
+
+
+def test_evidence_turns_without_facts_are_skipped_and_counted(conversations) -> None:
+    mini_1 = conversations[0]
+    without_marathons = dataclasses.replace(mini_1, facts=tuple(f for f in mini_1.facts if f.text != MARATHONS))
+    states = ManagerStates([without_marathons], lambda cid: pytest.fail("no state is built"), window=2)
+    assert [key.dia_id for key in states.keys] == ["D1:1", "D1:2", "D1:3"]
+    assert states.skipped_turns == 1  # D2:1, the marathons question's only evidence
+
+
+def test_manager_states_reject_an_empty_teacher_and_bad_evidence(conversations, tmp_path: Path, embedder: Embedder) -> None:
+    with MemoryBank.open(tmp_path / "empty.db", "bank_mini_1", embedder) as empty:
+        states = ManagerStates(conversations[:1], lambda cid: empty)
+        with pytest.raises(ValueError, match="teacher bank of mini-1 .* is empty; build it first"):
+            states[0]
+    with pytest.raises(IndexError, match="index 4 out of range 0..3"):
+        ManagerStates(conversations[:1], lambda cid: empty)[4]
+    question = dataclasses.replace(conversations[0].questions[0], evidence=("D7:7",))
+    broken = dataclasses.replace(conversations[0], questions=(question,))
+    with pytest.raises(ValueError, match="question mini-1/q0: evidence 'D7:7' is no turn"):
+        ManagerStates([broken], lambda cid: empty)
+
+
+# ---- answer states ---------------------------------------------------------------------------------
+
+
+def test_answer_states_retrieve_each_speakers_best_memories(conversations, teachers) -> None:
+    states = AnswerStates(conversations, teachers, k_per_speaker=1)
+    assert [q.qid for q in states.questions] == [
+        "mini-1/q0", "mini-1/q1", "mini-1/q3", "mini-1/q4", "mini-2/q0", "mini-2/q1", "mini-2/q3"
+    ]
+    built = [states[index] for index in range(len(states))]
+    assert all(isinstance(state, AnswerState) and [len(m) for m in state.memories.values()] == [1, 1] for state in built)
+    # The best memory of the speaker each question is about, picked by hand.
+    about = ["Ben", "Ana", "Ben", "Ana", "Cleo", "Dev", "Cleo"]
+    assert [state.memories[speaker][0].text for state, speaker in zip(built, about)] == [
+        RUNNING, ADOPTED, MARATHONS, ADOPTED, "Cleo moved to Lisbon.", "Dev visited Lisbon in 2019.", "Cleo works at a bakery."
+    ]
+    assert list(built[4].memories) == ["Cleo", "Dev"]
+    assert states[0] is built[0]
+    with pytest.raises(ValueError, match=r"no bank for conversations \['mini-2'\]"):
+        AnswerStates(conversations, {"mini-1": teachers["mini-1"]})
+
+
+# ---- the step-indexed loader -----------------------------------------------------------------------
+
+
+def test_a_loader_started_at_step_3_yields_the_batches_an_unbroken_one_did(conversations, teachers) -> None:
+    states = AnswerStates(conversations, teachers, k_per_speaker=1)  # 7 states: 2 batches of 3 per pass
+    fresh = list(StepBatches(states, batch_size=3, seed=4, steps=range(0, 6)))
+    resumed = list(StepBatches(states, batch_size=3, seed=4, steps=range(3, 6)))
+    assert resumed == fresh[3:6]
+    assert [[s.question.qid for s in batch] for batch in fresh[:2]] == [
+        [states.questions[i].qid for i in batch_indices(step, 7, 3, 4)] for step in range(2)
+    ]
+    with pytest.raises(ValueError, match="batch_size: must be in 1..7"):
+        StepBatches(states, batch_size=8, seed=0, steps=range(3))
+
+
+class Recorder(LightningModule):
+    """Records the manager states of each batch; takes `optimizers` optimizer steps per batch, as an RL
+    module with an actor and a critic does."""
+
+    def __init__(self, optimizers: int) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.weights = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(1)) for _ in range(optimizers)])
+        self.seen: list[list[tuple[str, str]]] = []
+
+    def transfer_batch_to_device(self, batch: list[ManagerState], device: torch.device, dataloader_idx: int) -> list:
+        # As memr1.modules does: states are Python objects holding bank views; Lightning's default
+        # would deep-copy every dataclass in the batch.
+        return batch
+
+    def training_step(self, states: list[ManagerState], batch_idx: int) -> None:
+        self.seen.append([(state.fact.dia_ids[-1], state.fact.text) for state in states])
+        optimizers = self.optimizers()
+        for optimizer, weight in zip(optimizers if isinstance(optimizers, list) else [optimizers], self.weights):
+            optimizer.zero_grad()
+            self.manual_backward((weight - 1.0).pow(2).sum())
+            optimizer.step()
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [torch.optim.SGD([weight], lr=0.1) for weight in self.weights]
+
+
+def fit(tmp_path: Path, embedder: Embedder, steps_per_batch: int, ckpt_path: Path | None = None) -> list:
+    data = RLStatesDataModule(
+        locomo_args(), "manager", tmp_path / "banks.db", window=2, batch_size=3, seed=7,
+        steps_per_batch=steps_per_batch, embedder=embedder,
+    )
+    module = Recorder(steps_per_batch)
+    trainer = Trainer(
+        max_steps=6 * steps_per_batch,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=3 * steps_per_batch, save_top_k=-1)],
+    )
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+    assert data.banks == {}  # closed by teardown
+    return module.seen
+
+
+@pytest.mark.parametrize("steps_per_batch", [1, 2])
+def test_resumed_training_sees_the_batches_of_an_unbroken_run(tmp_path: Path, embedder: Embedder, steps_per_batch: int) -> None:
+    unbroken = fit(tmp_path, embedder, steps_per_batch)
+    assert len(unbroken) == 6 and all(len(batch) == 3 for batch in unbroken)
+    # 4 manager states in mini-1, batches of 3: one batch per pass, each pass a new permutation.
+    assert unbroken[:3] != unbroken[3:]  # so that restarting from step 0 could not pass for a resume
+    checkpoint = tmp_path / "ckpt" / f"epoch=0-step={3 * steps_per_batch}.ckpt"
+    assert checkpoint.is_file()
+    resumed = fit(tmp_path, embedder, steps_per_batch, ckpt_path=checkpoint)
+    assert resumed == unbroken[3:]
+
+
+def test_data_module_exposes_counts_mapping_and_validation_answer_states(tmp_path: Path, embedder: Embedder) -> None:
+    data = RLStatesDataModule(locomo_args(), "answer", tmp_path / "banks.db", k_per_speaker=2, batch_size=2,
+                              val_batch_size=2, seed=3, max_steps=4, embedder=embedder)
+    data.prepare_data()
+    data.setup("fit")
+    try:
+        assert data.num_states == 4  # the questions of mini-1
+        assert data.step_range() == range(0, 4)  # no trainer: max_steps
+        batches = list(data.train_dataloader())
+        assert [[s.question.qid for s in batch] for batch in batches] == [
+            [f"mini-1/q{[0, 1, 3, 4][i]}" for i in data.batch_indices(step)] for step in range(4)
+        ]
+        val = list(data.val_dataloader())
+        assert [[s.question.qid for s in batch] for batch in val] == [["mini-2/q0", "mini-2/q1"], ["mini-2/q3"]]
+        assert all(len(memories) == 2 for batch in val for s in batch for memories in s.memories.values())
+        assert (tmp_path / "banks.progress.json").is_file()
+    finally:
+        data.teardown("fit")
+    with pytest.raises(ValueError, match="agent: 'critic' is not one of"):
+        RLStatesDataModule(locomo_args(), "critic", tmp_path / "banks.db")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="progress_file: needed with the server URI"):
+        RLStatesDataModule(locomo_args(), "answer", "http://localhost:19530")
+
+
+# ---- the real file ---------------------------------------------------------------------------------
+
+
+def test_conv_26_manager_states_and_skipped_turns() -> None:
+    path = default_locomo_path()
+    if not path.is_file():
+        pytest.skip(f"{path} is absent")
+    locomo = LoCoMoDataModule(path=path)
+    locomo.setup()
+    states = ManagerStates(locomo.conversations("train"), lambda cid: pytest.fail("no state is built"), window=50)
+    # 152 questions, 2 without evidence, 133 distinct evidence turns: 92 hold 104 facts, 41 hold none.
+    assert len(states) == 104
+    assert states.skipped_turns == 41
