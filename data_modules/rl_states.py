@@ -13,35 +13,41 @@ from the conversation's bank.
 
 Both datasets hold only their (small) index eagerly; a state is built in `__getitem__` and kept in a
 small LRU cache. States hold views of Milvus-backed banks, which live in this process: load them with
-`num_workers=0` (Milvus Lite allows one process per database anyway).
+`num_workers=0`. Milvus Lite allows one process per database, so under DDP each rank builds and opens
+its own copy of a Lite database (`rank_uri`).
 
 Training order (`StepBatches`): the batch of global step `s` is a pure function of (seed, s): every
 pass over the data visits the states in a fresh permutation seeded by (seed, pass index), cut into
 `num_states // batch_size` batches (`batch_indices`). A run resumed at step `s` therefore sees exactly
-the batches an unbroken run saw.
+the batches an unbroken run saw. Under DDP, rank r of w takes positions r, r + w, ... of each batch.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 from lightning.pytorch import LightningDataModule
+from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from data_modules.locomo import LoCoMoDataModule
 from memr1.embed import Embedder
 from memr1.envs.answer import AnswerState
 from memr1.envs.manager import ManagerState
+from memr1.llm.engines import build_engine
+from memr1.llm.loading import load_policy
 from memr1.memory import BankFork, MemoryBank, MemoryView
 from memr1.memory.store import is_lite_uri
 from memr1.pipeline.answering import retrieve_memories
 from memr1.pipeline.banks import bank_name, build_banks
-from memr1.pipeline.managers import AddAllPolicy, MemoryPolicy
+from memr1.pipeline.managers import AddAllPolicy, MemoryPolicy, ModelPolicy
 from memr1.types import Conversation, MemoryOp, OpKind, Question
 
 AGENTS = ("manager", "answer")
@@ -81,6 +87,21 @@ def build_teacher_banks(
     """The Manager's teacher banks: every observation fact ADDed (`AddAllPolicy`), one bank per
     conversation at `uri`, built once (a rerun reopens them)."""
     return build_banks_at(conversations, uri, embedder, AddAllPolicy(), progress_file)
+
+
+def rank_uri(uri: str, rank: int, world_size: int) -> str:
+    """The database of one DDP rank: a Milvus Lite path gets a per-rank sibling ("banks.db" ->
+    "banks.rank1.db"; Lite allows one process per database), a server URI is shared by all ranks."""
+    if world_size == 1 or not is_lite_uri(uri):
+        return uri
+    return str(Path(uri).with_suffix(f".rank{rank}.db"))
+
+
+def model_bank_policy(name_or_path: str, dtype: str, adapter: str | None) -> ModelPolicy:
+    """A Memory Manager model (the base model prompted when `adapter` is None, else a trained
+    checkpoint on it) that builds banks, greedy, through an HF engine."""
+    model, tokenizer = load_policy(name_or_path, dtype=dtype, adapter=adapter)
+    return ModelPolicy(build_engine("hf", model=model, tokenizer=tokenizer))
 
 
 def turn_positions(conversation: Conversation) -> dict[str, int]:
@@ -170,7 +191,8 @@ class ManagerStates(Dataset[ManagerState]):
                 for dia_id in dict.fromkeys(question.evidence):  # a turn cited twice asks once
                     if dia_id not in positions:
                         raise ValueError(
-                            f"conversation {cid}: question {question.qid}: evidence {dia_id!r} is no turn of the conversation"
+                            f"conversation {cid}: question {question.qid}: evidence {dia_id!r} "
+                            "is no turn of the conversation"
                         )
                     asking.setdefault(dia_id, []).append(question)
             for dia_id in sorted(asking, key=positions.__getitem__):
@@ -285,27 +307,67 @@ def batch_indices(step: int, num_states: int, batch_size: int, seed: int) -> lis
     return pass_permutation(num_states, seed, pass_index)[start : start + batch_size].tolist()
 
 
+class IndexedStates(Protocol):
+    """What `StepBatches` draws from: `ManagerStates`, `AnswerStates`, or any sequence."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+
 class StepBatches(IterableDataset[list[Any]]):
     """The batches of global steps `steps` (a range), in order: batch `s` is
     `[states[i] for i in batch_indices(s, len(states), batch_size, seed)]`. Load it with
-    `DataLoader(..., batch_size=None, num_workers=0)`: it yields whole batches, from one process."""
+    `DataLoader(..., batch_size=None, num_workers=0)`: it yields whole batches, from one process.
 
-    def __init__(self, states: ManagerStates | AnswerStates, batch_size: int, seed: int, steps: range) -> None:
+    current_step: where the consumer stands (the data module passes the trainer's batch step). Every
+        iteration must begin at `steps.start`: a loader iterated again after its steps ran out (a
+        trainer that starts another epoch because its step count disagrees with ours) raises instead
+        of replaying batches or spinning through empty epochs.
+    shard: (rank, world_size) under DDP: this rank's part of each batch, positions rank::world_size.
+    """
+
+    def __init__(
+        self,
+        states: IndexedStates,
+        batch_size: int,
+        seed: int,
+        steps: range,
+        current_step: Callable[[], int] | None = None,
+        shard: tuple[int, int] = (0, 1),
+    ) -> None:
         if not 1 <= batch_size <= len(states):
-            raise ValueError(f"StepBatches.batch_size: must be in 1..{len(states)} (the number of states), got {batch_size}")
+            raise ValueError(
+                f"StepBatches.batch_size: must be in 1..{len(states)} (the number of states), got {batch_size}"
+            )
         if seed < 0:
             raise ValueError(f"StepBatches.seed: must be >= 0, got {seed}")
         if steps.step != 1 or steps.start < 0:
             raise ValueError(f"StepBatches.steps: expected a range of consecutive steps from >= 0, got {steps}")
+        rank, world_size = shard
+        if not 0 <= rank < world_size <= batch_size:
+            raise ValueError(
+                f"StepBatches.shard: rank {rank} of {world_size}; every rank needs a state of each batch, "
+                f"so world_size must be <= batch_size={batch_size}"
+            )
         self.states = states
         self.batch_size = batch_size
         self.seed = seed
         self.steps = steps
+        self.current_step = current_step
+        self.shard = shard
 
     def indices(self, step: int) -> list[int]:
-        return batch_indices(step, len(self.states), self.batch_size, self.seed)
+        """This rank's state indices of step `step`."""
+        rank, world_size = self.shard
+        return batch_indices(step, len(self.states), self.batch_size, self.seed)[rank::world_size]
 
     def __iter__(self) -> Iterator[list[Any]]:
+        if self.current_step is not None and (current := self.current_step()) != self.steps.start:
+            raise RuntimeError(
+                f"StepBatches: iterated at batch step {current}, but this loader serves steps {self.steps}; "
+                "the trainer went on past them (is steps_per_batch the number of optimizer steps per batch?)"
+            )
         for step in self.steps:
             yield [self.states[index] for index in self.indices(step)]
 
@@ -314,28 +376,32 @@ class StepBatches(IterableDataset[list[Any]]):
 
 
 class RLStatesDataModule(LightningDataModule):
-    """The RL states of one agent over LoCoMo: train = split "train" (conv-26), validation = answer
-    states of split "validation" (conv-30) for a greedy F1 / BLEU-1 / EM loop.
+    """The RL states of one agent over LoCoMo: train = split "train" (conv-26), validation = split
+    "validation" (conv-30), in the same kind of states: the Manager is validated by its greedy reward on
+    conv-30's manager states, the Answer Agent by greedy F1 / BLEU-1 / EM on conv-30's answer states.
 
     locomo: a `LoCoMoDataModule`, or its keyword arguments.
-    agent: "manager" (train on `ManagerStates`) or "answer" (train on `AnswerStates`).
+    agent: "manager" (`ManagerStates`) or "answer" (`AnswerStates`).
     banks_uri: where the banks of both splits live (a Milvus Lite `.db` path or a server URI), built on
-        first `setup` by `bank_policy` and reused afterwards; `progress_file` (default: beside a Lite
-        path, `<name>.progress.json`) records the build. The manager needs the ADD-all teacher (the
-        default); the answer agent trains on banks built by the trained Manager (the paper's
-        alternating schedule: pass its `ModelPolicy`) or by ADD-all (the no-RL-Manager ablation).
+        first `setup` and reused afterwards; `progress_file` (default: beside a Lite path,
+        `<name>.progress.json`) records the build.
+    bank_policy: who builds the banks. None: ADD-all, the Manager's teacher (required for
+        agent="manager") and the no-RL-Manager ablation for the answer agent. For the answer agent the
+        paper's alternating schedule builds them with the trained Manager: pass its `ModelPolicy`, or a
+        function that makes one (called only in `setup`, so its model is freed once the banks are built).
         Use a separate uri per policy: a finished build is never redone.
     window, num_candidates: of `ManagerStates`; k_per_speaker: memories per speaker for answer states.
-    batch_size: states per training step; val_batch_size: questions per validation batch.
+    batch_size: states per training step (all ranks together); val_batch_size: states per validation
+        batch and rank.
     seed: of the training order (`batch_indices`).
     steps_per_batch: optimizer steps the module takes per batch. `trainer.global_step` counts every
-        optimizer step, and in manual optimisation PPO's critic step and every mini-batch step count;
-        the batch index is `global_step // steps_per_batch`.
+        `LightningOptimizer.step`; `memr1.modules` takes exactly one per rollout batch (the default 1).
     max_steps: the last batch step (exclusive) when no trainer with `max_steps` is attached.
 
     `train_dataloader()` yields the batches of steps [start, stop): start from the attached trainer's
     global step (a resumed run continues with the batch the interrupted one was about to take), stop
-    from `trainer.max_steps`. Banks are opened in `setup` and closed in `teardown`.
+    from `trainer.max_steps`. Banks are opened in `setup` and closed in `teardown`. Under DDP each rank
+    takes its share of every batch and opens its own copy of a Lite database (`rank_uri`).
     """
 
     def __init__(
@@ -351,19 +417,20 @@ class RLStatesDataModule(LightningDataModule):
         seed: int = 0,
         steps_per_batch: int = 1,
         max_steps: int | None = None,
-        bank_policy: MemoryPolicy | None = None,
+        bank_policy: MemoryPolicy | Callable[[], MemoryPolicy] | None = None,
         progress_file: str | Path | None = None,
         embedder: Embedder | None = None,
     ) -> None:
         super().__init__()
         if agent not in AGENTS:
             raise ValueError(f"RLStatesDataModule.agent: {agent!r} is not one of {AGENTS}")
-        if agent == "manager" and bank_policy is not None and not isinstance(bank_policy, AddAllPolicy):
+        if agent == "manager" and bank_policy is not None:
             raise ValueError(
-                "RLStatesDataModule.bank_policy: manager states are cut from the ADD-all teacher bank; "
-                "a prompted or trained teacher is not supported yet"
+                "RLStatesDataModule.bank_policy: manager states are cut from the ADD-all teacher bank (leave "
+                "it None); a prompted or trained teacher is not supported yet"
             )
-        for name, value in (("batch_size", batch_size), ("val_batch_size", val_batch_size), ("steps_per_batch", steps_per_batch)):
+        sizes = {"batch_size": batch_size, "val_batch_size": val_batch_size, "steps_per_batch": steps_per_batch}
+        for name, value in sizes.items():
             if value < 1:
                 raise ValueError(f"RLStatesDataModule.{name}: must be >= 1, got {value}")
         if seed < 0:
@@ -386,11 +453,45 @@ class RLStatesDataModule(LightningDataModule):
         self.seed = seed
         self.steps_per_batch = steps_per_batch
         self.max_steps = max_steps
-        self.bank_policy = bank_policy or AddAllPolicy()
+        self.bank_policy = bank_policy
         self.embedder = embedder
         self.banks: dict[str, MemoryBank] = {}
         self.train_states: ManagerStates | AnswerStates | None = None
-        self.val_states: AnswerStates | None = None
+        self.val_states: ManagerStates | AnswerStates | None = None
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> RLStatesDataModule:
+        """The data module of `train.py`'s config: `data` (LoCoMo), `model` (agent, its state settings
+        and, for the answer agent, `bank_manager`: add_all | prompted | a trained Manager's checkpoint
+        dir), `data_loader` (states_per_step, val_batch_size, max_steps), `banks.dir`, `seed`, and
+        `backbone` when a model builds the banks. Banks go to `banks.dir/rl-<builder>-<digest>.db`, one
+        database per (data file, builder)."""
+        if cfg.data.kind != "locomo":
+            raise ValueError(f"data={cfg.data.kind}: RL states come from LoCoMo's conversations; use data=locomo")
+        model, loader = cfg.model, cfg.data_loader
+        builder = "add_all" if model.agent == "manager" else str(model.get("bank_manager", "add_all"))
+        bank_policy = None
+        if builder != "add_all":
+            adapter = None if builder == "prompted" else builder
+            bank_policy = functools.partial(model_bank_policy, cfg.backbone.name_or_path, cfg.backbone.dtype, adapter)
+        recipe = {"data": str(cfg.data.path), "builder": builder}
+        if bank_policy is not None:
+            recipe["backbone"] = str(cfg.backbone.name_or_path)
+        digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
+        kind = "add_all" if bank_policy is None else "model"
+        return cls(
+            locomo={"path": cfg.data.path, "exclude_categories": list(cfg.data.exclude_categories)},
+            agent=model.agent,
+            banks_uri=Path(cfg.banks.dir) / f"rl-{kind}-{digest}.db",
+            window=model.get("window", 50),
+            num_candidates=model.get("num_candidates", 5),
+            k_per_speaker=model.k_per_speaker,
+            batch_size=loader.states_per_step,
+            val_batch_size=loader.val_batch_size,
+            seed=cfg.seed,
+            max_steps=loader.max_steps,
+            bank_policy=bank_policy,
+        )
 
     def prepare_data(self) -> None:
         self.locomo.prepare_data()
@@ -402,14 +503,21 @@ class RLStatesDataModule(LightningDataModule):
         train, validation = self.locomo.conversations("train"), self.locomo.conversations("validation")
         if self.embedder is None:
             self.embedder = Embedder()
-        if is_lite_uri(self.banks_uri):
-            Path(self.banks_uri).parent.mkdir(parents=True, exist_ok=True)
-        self.banks = build_banks_at([*train, *validation], self.banks_uri, self.embedder, self.bank_policy, self.progress_file)
+        rank, world_size = self._shard()
+        uri = rank_uri(self.banks_uri, rank, world_size)
+        progress_file = self.progress_file
+        if uri != self.banks_uri:
+            progress_file = progress_file.with_suffix(f".rank{rank}.json")
+        if is_lite_uri(uri):
+            Path(uri).parent.mkdir(parents=True, exist_ok=True)
+        policy = self.bank_policy() if callable(self.bank_policy) else self.bank_policy
+        self.banks = build_banks_at([*train, *validation], uri, self.embedder, policy or AddAllPolicy(), progress_file)
         if self.agent == "manager":
             self.train_states = ManagerStates(train, self.banks.__getitem__, self.window, self.num_candidates)
+            self.val_states = ManagerStates(validation, self.banks.__getitem__, self.window, self.num_candidates)
         else:
             self.train_states = AnswerStates(train, self.banks, self.k_per_speaker)
-        self.val_states = AnswerStates(validation, self.banks, self.k_per_speaker)
+            self.val_states = AnswerStates(validation, self.banks, self.k_per_speaker)
 
     def teardown(self, stage: str | None = None) -> None:
         for bank in self.banks.values():
@@ -420,43 +528,55 @@ class RLStatesDataModule(LightningDataModule):
     @property
     def num_states(self) -> int:
         """Training states (one pass over the data)."""
-        return len(self._train_states())
+        return len(self._loaded(self.train_states))
 
     def batch_indices(self, step: int) -> list[int]:
-        """The training state indices of batch step `step` (for logging)."""
+        """The training state indices of batch step `step`, all ranks together (for logging)."""
         return batch_indices(step, self.num_states, self.batch_size, self.seed)
 
     def step_range(self) -> range:
         """The batch steps `train_dataloader()` yields now: [start, stop), see the class docstring."""
-        trainer = self.trainer
-        start = 0
         stop = self.max_steps
-        if trainer is not None:
-            if trainer.global_step % self.steps_per_batch:
-                raise ValueError(
-                    f"trainer.global_step={trainer.global_step} is not a multiple of steps_per_batch="
-                    f"{self.steps_per_batch}: the checkpoint is not at a batch boundary, or steps_per_batch "
-                    "differs from the optimizer steps the module takes per batch"
-                )
-            start = trainer.global_step // self.steps_per_batch
-            if trainer.max_steps > 0:
-                stop = math.ceil(trainer.max_steps / self.steps_per_batch)
+        if self.trainer is not None and self.trainer.max_steps > 0:
+            stop = math.ceil(self.trainer.max_steps / self.steps_per_batch)
         if stop is None:
             raise ValueError("RL training is counted in steps: set the trainer's max_steps (or max_steps= here)")
+        start = self.batch_step()
         return range(start, max(start, stop))
 
+    def batch_step(self) -> int:
+        """The batch step training stands at: the attached trainer's global step // steps_per_batch (0
+        without a trainer)."""
+        if self.trainer is None:
+            return 0
+        global_step = self.trainer.global_step
+        if global_step % self.steps_per_batch:
+            raise ValueError(
+                f"trainer.global_step={global_step} is not a multiple of steps_per_batch={self.steps_per_batch}: "
+                "the checkpoint is not at a batch boundary, or steps_per_batch differs from the optimizer steps "
+                "the module takes per batch"
+            )
+        return global_step // self.steps_per_batch
+
     def train_dataloader(self) -> DataLoader:
-        batches = StepBatches(self._train_states(), self.batch_size, self.seed, self.step_range())
+        states = self._loaded(self.train_states)
+        batches = StepBatches(states, self.batch_size, self.seed, self.step_range(), self.batch_step, self._shard())
         return DataLoader(batches, batch_size=None, num_workers=0, collate_fn=collate_states)
 
     def val_dataloader(self) -> DataLoader:
-        if self.val_states is None:
-            raise RuntimeError("RLStatesDataModule: call setup() before asking for a loader")
+        states = self._loaded(self.val_states)
         return DataLoader(
-            self.val_states, batch_size=self.val_batch_size, shuffle=False, num_workers=0, collate_fn=collate_states
+            states, batch_size=self.val_batch_size, shuffle=False, num_workers=0, collate_fn=collate_states
         )
 
-    def _train_states(self) -> ManagerStates | AnswerStates:
-        if self.train_states is None:
+    def _shard(self) -> tuple[int, int]:
+        """(rank, world size) of the attached trainer; (0, 1) without one."""
+        if self.trainer is None:
+            return 0, 1
+        return self.trainer.global_rank, self.trainer.world_size
+
+    @staticmethod
+    def _loaded(states: ManagerStates | AnswerStates | None) -> ManagerStates | AnswerStates:
+        if states is None:
             raise RuntimeError("RLStatesDataModule: call setup() before asking for states or loaders")
-        return self.train_states
+        return states

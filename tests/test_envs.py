@@ -61,14 +61,16 @@ def test_answer_reward_em_normalises_and_f1_counts_tokens() -> None:
 def lenient_judge(questions: Sequence[str], golds: Sequence[str], answers: Sequence[str]) -> list[Verdict]:
     """A judge for the tests: CORRECT when the gold answer's words all appear in the answer; an answer
     of "???" gets an unreadable verdict."""
-    return [
-        Verdict(correct=answer != "???" and set(gold.lower().split()) <= set(answer.lower().split()), readable=answer != "???")
-        for gold, answer in zip(golds, answers)
-    ]
+    verdicts = []
+    for gold, answer in zip(golds, answers):
+        readable = answer != "???"
+        verdicts.append(Verdict(correct=readable and set(gold.split()) <= set(answer.split()), readable=readable))
+    return verdicts
 
 
 def test_answer_rewards_with_a_judge_scores_verdicts_and_unreadable_is_wrong() -> None:
-    scores = answer_rewards(["q1", "q2", "q3"], ["it was a park", "a beach", "???"], ["park", "park", "park"], "judge", lenient_judge)
+    answers = ["it was a park", "a beach", "???"]
+    scores = answer_rewards(["q1", "q2", "q3"], answers, ["park", "park", "park"], "judge", lenient_judge)
     assert scores == [1.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="needs judge="):
         answer_rewards(["q"], ["a"], ["a"], "judge")
@@ -100,7 +102,7 @@ def test_answer_env_rewards_the_parsed_answer_and_penalises_format_errors() -> N
     rewards = env.score([PARK_STATE] * len(responses), responses)
     assert [r.score for r in rewards] == [1.0, 0.5, 0.0, -0.5, -0.5]
     assert [r.format_error for r in rewards] == [None, "missing_answer_marker", None, "empty_output", "empty_answer"]
-    assert rewards[0].info == {"em": 1.0, "f1": 1.0, "answer": "The park"}
+    assert rewards[0].info == {"em": 1.0, "f1": 1.0, "answer": "The park", "answer_words": 2.0}
     assert rewards[2].info["f1"] == pytest.approx(0.4)  # {a, dog, park} vs {the, park}: P 1/3, R 1/2
     assert rewards[2].info["em"] == 0.0
 
@@ -220,10 +222,12 @@ def test_manager_env_rejected_op_is_a_noop_with_the_penalty(bank: MemoryBank) ->
     state = scout_state(bank, [DOGS])
     env = ManagerEnv(ManagerAgent(), AnswerAgent(), MemoryReader(), GREEDY, k_per_speaker=5)
     too_long = "dog " * 20_000  # 80 000 bytes, over the bank's 65 535-byte text limit
-    [reward] = env.score([state], [op_json("ADD", text=too_long)])
-    assert reward.format_error == REJECTED_OP
-    assert reward.info["op"] == "NOOP"
-    assert reward.score == pytest.approx(0.0 + MANAGER_FORMAT_PENALTY)  # the reader says "Buddy"
+    lone_surrogate = "Scout \ud800"  # parses (JSON allows the escape) but is no valid Unicode
+    rewards = env.score([state, state], [op_json("ADD", text=too_long), op_json("ADD", text=lone_surrogate)])
+    assert [r.format_error for r in rewards] == [REJECTED_OP, REJECTED_OP]
+    assert [r.info["op"] for r in rewards] == ["NOOP", "NOOP"]
+    # Applied as NOOPs: the reader answers "Buddy" from the bank as it was.
+    assert [r.score for r in rewards] == pytest.approx([MANAGER_FORMAT_PENALTY] * 2)
     assert len(bank) == 3
 
 

@@ -1,6 +1,7 @@
 """Memory banks on real Milvus Lite (in tmp_path) with the real MiniLM embedder.
 
-About 40 s on 2 CPU cores, most of it the two child processes (one imports sentence-transformers).
+About 45 s of CPU on 2 cores (more wall time when the machine is shared): 10-15 s loading MiniLM
+once per session, as much again for the SIGKILL test's child process (it imports sentence-transformers).
 """
 
 from __future__ import annotations

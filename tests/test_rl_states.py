@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -34,6 +35,7 @@ from data_modules.rl_states import (
     in_window,
     known_position,
     pass_permutation,
+    rank_uri,
 )
 from memr1.embed import Embedder
 from memr1.envs import AnswerState, ManagerState
@@ -41,6 +43,7 @@ from memr1.memory import MemoryBank
 from memr1.types import Conversation
 
 FIXTURE = Path(__file__).parent / "fixtures" / "locomo_mini.json"
+CONF = Path(__file__).resolve().parents[1] / "conf"
 SPLITS = {"train": ["mini-1"], "validation": ["mini-2"], "test": []}
 
 ADOPTED = "Ana adopted a dog named Rex."
@@ -64,7 +67,9 @@ def conversations() -> list[Conversation]:
 
 
 @pytest.fixture(scope="module")
-def teachers(tmp_path_factory: pytest.TempPathFactory, conversations, embedder: Embedder) -> Iterator[dict[str, MemoryBank]]:
+def teachers(
+    tmp_path_factory: pytest.TempPathFactory, conversations, embedder: Embedder
+) -> Iterator[dict[str, MemoryBank]]:
     folder = tmp_path_factory.mktemp("teachers")
     banks = build_teacher_banks(conversations, folder / "teachers.db", embedder, folder / "progress.json")
     yield banks
@@ -114,11 +119,13 @@ def test_manager_states_index_turns_and_cut_the_window_bank(conversations, teach
 
     states = ManagerStates([mini_1], bank_for, window=2, num_candidates=5)
     assert asked == []  # nothing built before the first state is asked for
-    assert states.keys == [StateKey("mini-1", "D1:1", 0), StateKey("mini-1", "D1:2", 0), StateKey("mini-1", "D1:3", 0), StateKey("mini-1", "D2:1", 0)]
+    assert states.keys == [StateKey("mini-1", turn, 0) for turn in ("D1:1", "D1:2", "D1:3", "D2:1")]
     assert len(states) == 4 and states.skipped_turns == 0
     built = [states[index] for index in range(4)]
     assert [state.fact.text for state in built] == [ADOPTED, RUNNING, PARK, MARATHONS]
-    assert [[q.qid for q in state.questions] for state in built] == [["mini-1/q1"], ["mini-1/q0"], ["mini-1/q1"], ["mini-1/q3"]]
+    assert [[q.qid for q in state.questions] for state in built] == [
+        ["mini-1/q1"], ["mini-1/q0"], ["mini-1/q1"], ["mini-1/q3"]
+    ]
     # Window 2: the facts known at the two turns strictly before the fact's turn.
     assert [texts(state) for state in built] == [set(), {ADOPTED}, {ADOPTED, RUNNING}, {RUNNING, PARK}]
     # Candidates: the fact's speaker's memories in that bank.
@@ -141,7 +148,9 @@ def test_evidence_turns_without_facts_are_skipped_and_counted(conversations) -> 
     assert states.skipped_turns == 1  # D2:1, the marathons question's only evidence
 
 
-def test_manager_states_reject_an_empty_teacher_and_bad_evidence(conversations, tmp_path: Path, embedder: Embedder) -> None:
+def test_manager_states_reject_an_empty_teacher_and_bad_evidence(
+    conversations, tmp_path: Path, embedder: Embedder
+) -> None:
     with MemoryBank.open(tmp_path / "empty.db", "bank_mini_1", embedder) as empty:
         states = ManagerStates(conversations[:1], lambda cid: empty)
         with pytest.raises(ValueError, match="teacher bank of mini-1 .* is empty; build it first"):
@@ -163,11 +172,13 @@ def test_answer_states_retrieve_each_speakers_best_memories(conversations, teach
         "mini-1/q0", "mini-1/q1", "mini-1/q3", "mini-1/q4", "mini-2/q0", "mini-2/q1", "mini-2/q3"
     ]
     built = [states[index] for index in range(len(states))]
-    assert all(isinstance(state, AnswerState) and [len(m) for m in state.memories.values()] == [1, 1] for state in built)
+    assert all(isinstance(state, AnswerState) for state in built)
+    assert all([len(memories) for memories in state.memories.values()] == [1, 1] for state in built)
     # The best memory of the speaker each question is about, picked by hand.
     about = ["Ben", "Ana", "Ben", "Ana", "Cleo", "Dev", "Cleo"]
     assert [state.memories[speaker][0].text for state, speaker in zip(built, about)] == [
-        RUNNING, ADOPTED, MARATHONS, ADOPTED, "Cleo moved to Lisbon.", "Dev visited Lisbon in 2019.", "Cleo works at a bakery."
+        RUNNING, ADOPTED, MARATHONS, ADOPTED,
+        "Cleo moved to Lisbon.", "Dev visited Lisbon in 2019.", "Cleo works at a bakery.",
     ]
     assert list(built[4].memories) == ["Cleo", "Dev"]
     assert states[0] is built[0]
@@ -188,6 +199,20 @@ def test_a_loader_started_at_step_3_yields_the_batches_an_unbroken_one_did(conve
     ]
     with pytest.raises(ValueError, match="batch_size: must be in 1..7"):
         StepBatches(states, batch_size=8, seed=0, steps=range(3))
+
+
+def test_ddp_ranks_split_every_batch_and_own_their_lite_database(conversations, teachers) -> None:
+    states = AnswerStates(conversations, teachers, k_per_speaker=1)
+    whole = StepBatches(states, batch_size=4, seed=0, steps=range(2))
+    ranks = [StepBatches(states, batch_size=4, seed=0, steps=range(2), shard=(rank, 2)) for rank in (0, 1)]
+    for step in range(2):
+        full = whole.indices(step)
+        assert ranks[0].indices(step) == full[0::2] and ranks[1].indices(step) == full[1::2]
+    with pytest.raises(ValueError, match="world_size must be <= batch_size=4"):
+        StepBatches(states, batch_size=4, seed=0, steps=range(2), shard=(0, 5))
+    assert rank_uri("runs/banks.db", 1, 2) == "runs/banks.rank1.db"
+    assert rank_uri("runs/banks.db", 0, 1) == "runs/banks.db"
+    assert rank_uri("http://milvus:19530", 1, 2) == "http://milvus:19530"  # a server serves every rank
 
 
 class Recorder(LightningModule):
@@ -217,12 +242,19 @@ class Recorder(LightningModule):
         return [torch.optim.SGD([weight], lr=0.1) for weight in self.weights]
 
 
-def fit(tmp_path: Path, embedder: Embedder, steps_per_batch: int, ckpt_path: Path | None = None) -> list:
+def fit(
+    tmp_path: Path,
+    embedder: Embedder,
+    steps_per_batch: int,
+    ckpt_path: Path | None = None,
+    optimizers: int | None = None,
+) -> list:
+    """Train a Recorder for 6 batches (checkpoints every 3) and return the batches it saw."""
     data = RLStatesDataModule(
         locomo_args(), "manager", tmp_path / "banks.db", window=2, batch_size=3, seed=7,
         steps_per_batch=steps_per_batch, embedder=embedder,
     )
-    module = Recorder(steps_per_batch)
+    module = Recorder(optimizers or steps_per_batch)
     trainer = Trainer(
         max_steps=6 * steps_per_batch,
         accelerator="cpu",
@@ -232,13 +264,18 @@ def fit(tmp_path: Path, embedder: Embedder, steps_per_batch: int, ckpt_path: Pat
         limit_val_batches=0,
         callbacks=[ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=3 * steps_per_batch, save_top_k=-1)],
     )
-    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
-    assert data.banks == {}  # closed by teardown
+    try:
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+        assert data.banks == {}  # closed by Lightning's teardown
+    finally:
+        data.teardown()  # after a failed fit too
     return module.seen
 
 
 @pytest.mark.parametrize("steps_per_batch", [1, 2])
-def test_resumed_training_sees_the_batches_of_an_unbroken_run(tmp_path: Path, embedder: Embedder, steps_per_batch: int) -> None:
+def test_resumed_training_sees_the_batches_of_an_unbroken_run(
+    tmp_path: Path, embedder: Embedder, steps_per_batch: int
+) -> None:
     unbroken = fit(tmp_path, embedder, steps_per_batch)
     assert len(unbroken) == 6 and all(len(batch) == 3 for batch in unbroken)
     # 4 manager states in mini-1, batches of 3: one batch per pass, each pass a new permutation.
@@ -247,6 +284,13 @@ def test_resumed_training_sees_the_batches_of_an_unbroken_run(tmp_path: Path, em
     assert checkpoint.is_file()
     resumed = fit(tmp_path, embedder, steps_per_batch, ckpt_path=checkpoint)
     assert resumed == unbroken[3:]
+
+
+def test_a_trainer_stepping_slower_than_declared_stops_with_an_error(tmp_path: Path, embedder: Embedder) -> None:
+    # One optimizer step per batch where two were declared: after the 6 batches the trainer is only at
+    # global step 6 of 12 and starts a second epoch, which must not replay batches or spin.
+    with pytest.raises(RuntimeError, match="iterated at batch step 3, but this loader serves steps range.0, 6."):
+        fit(tmp_path, embedder, steps_per_batch=2, optimizers=1)
 
 
 def test_data_module_exposes_counts_mapping_and_validation_answer_states(tmp_path: Path, embedder: Embedder) -> None:
@@ -267,10 +311,44 @@ def test_data_module_exposes_counts_mapping_and_validation_answer_states(tmp_pat
         assert (tmp_path / "banks.progress.json").is_file()
     finally:
         data.teardown("fit")
+    # The manager validates on conv-30's manager states, from the same (already built) ADD-all banks.
+    manager = RLStatesDataModule(locomo_args(), "manager", tmp_path / "banks.db", window=2, val_batch_size=2,
+                                 max_steps=1, embedder=embedder)
+    manager.setup("validate")
+    try:
+        val = list(manager.val_dataloader())
+        assert [[s.fact.text for s in batch] for batch in val] == [
+            ["Cleo moved to Lisbon.", "Dev visited Lisbon in 2019."], ["Cleo works at a bakery."]
+        ]
+        # mini-2's turns: D1:1, D1:2, D2:1 (a bike), D10:1: the bakery fact sees the two turns before.
+        assert texts(val[0][1]) == {"Cleo moved to Lisbon."}
+        assert texts(val[1][0]) == {"Dev visited Lisbon in 2019.", "Dev bought a bike."}
+    finally:
+        manager.teardown()
     with pytest.raises(ValueError, match="agent: 'critic' is not one of"):
         RLStatesDataModule(locomo_args(), "critic", tmp_path / "banks.db")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="progress_file: needed with the server URI"):
         RLStatesDataModule(locomo_args(), "answer", "http://localhost:19530")
+
+
+def test_from_config_reads_the_training_config(tmp_path: Path) -> None:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        manager_cfg = compose("train", overrides=["model=manager", f"banks.dir={tmp_path}"])
+        answer_cfg = compose("train", overrides=["model=answer", "model.bank_manager=prompted", f"banks.dir={tmp_path}"])
+    manager = RLStatesDataModule.from_config(manager_cfg)
+    assert (manager.agent, manager.window, manager.num_candidates, manager.k_per_speaker) == ("manager", 50, 5, 30)
+    loader = manager_cfg.data_loader
+    assert (manager.batch_size, manager.val_batch_size, manager.max_steps) == (
+        loader.states_per_step, loader.val_batch_size, loader.max_steps
+    )
+    assert manager.bank_policy is None  # the ADD-all teacher
+    assert Path(manager.banks_uri).parent == tmp_path and Path(manager.banks_uri).name.startswith("rl-add_all-")
+    answer = RLStatesDataModule.from_config(answer_cfg)
+    assert answer.agent == "answer" and callable(answer.bank_policy)  # the model loads only in setup
+    assert Path(answer.banks_uri).name.startswith("rl-model-")
+    with pytest.raises(ValueError, match="data=msc: RL states come from LoCoMo"):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            RLStatesDataModule.from_config(compose("train", overrides=["data=msc"]))
 
 
 # ---- the real file ---------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ class AnswerEnv:
                 "em": answer_reward(parse.answer, gold, "em"),
                 "f1": answer_reward(parse.answer, gold, "f1"),
                 "answer": parse.answer,
+                "answer_words": float(len(parse.answer.split())),  # the agent must answer in a few words
             }
             if self.reward == "judge":
                 info["judge"] = score

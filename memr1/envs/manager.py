@@ -95,7 +95,9 @@ class ManagerEnv:
         if k_per_speaker < 1:
             raise ValueError(f"k_per_speaker: must be >= 1, got {k_per_speaker}")
         if answer_sampling.n != 1:
-            raise ValueError(f"answer_sampling.n: the frozen Answer Agent answers once per prompt, got n={answer_sampling.n}")
+            raise ValueError(
+                f"answer_sampling.n: the frozen Answer Agent answers once per prompt, got n={answer_sampling.n}"
+            )
         self.manager_agent = manager_agent
         self.answer_agent = answer_agent
         self.answer_engine = answer_engine

@@ -52,6 +52,17 @@ class _LiteSessionTsFilter(logging.Filter):
         return "failed to get mvccTs" not in record.getMessage()
 
 
+class _LiteUnimplementedFilter(logging.Filter):
+    """Drops the traceback that Milvus Lite's in-process gRPC server logs when pymilvus probes a method
+    it lacks (AllocTimestamp): the client falls back, so the ERROR line would only alarm users."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Method not implemented" not in record.getMessage()
+
+
+logging.getLogger("grpc._server").addFilter(_LiteUnimplementedFilter())
+
+
 def is_lite_uri(uri: str) -> bool:
     return uri.endswith(".db")
 
