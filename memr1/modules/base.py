@@ -8,8 +8,8 @@ One training step:
 1. rollout: every state's prompt is sampled `group_size` times (GRPO's G; PPO uses 1) by the rollout
    engine — the policy itself through `HFEngine`, or vLLM kept in sync by `VLLMWeightSync`;
 2. reward: the environment scores each response (never raising on malformed output);
-3. old log-probs (and reference log-probs for the KL, critic values for PPO) by forward passes
-   without gradients, in micro-batches;
+3. old log-probs (unless the policy sampled them itself), reference log-probs for the KL and critic
+   values for PPO, by forward passes without gradients, in micro-batches;
 4. advantages: GAE over the critic's values (PPO) or group-normalised scores (GRPO);
 5. `ppo_epochs` passes over shuffled mini-batches, each accumulating gradients over micro-batches
    before one optimiser step of the actor (and of the critic for PPO).
@@ -105,6 +105,7 @@ class RLModule(LightningModule):
         self.seed = seed
         # None: the policy samples for itself. A vLLM engine is set by train.py and kept in sync.
         self.engine = engine or HFEngine(policy, tokenizer, batch_size=max(algo.micro_batch_size, 8))
+        self._policy_samples_itself = engine is None
         self.automatic_optimization = False
         self.save_hyperparameters({"algo": asdict(algo), "seed": seed})
 
@@ -161,6 +162,9 @@ class RLModule(LightningModule):
             [sample.response_ids for _, sample in rows],
             [reward.score for reward in rewards],
             self.tokenizer.pad_token_id,
+            # The policy sampled for itself: its rollout log-probs are pi_old's (the HF engine's equal a
+            # forward pass within 1e-4), so the recomputing forward is skipped. vLLM's are recomputed.
+            logprobs=[sample.logprobs for _, sample in rows] if self._policy_samples_itself else None,
         )
         return batch.to(self.device), rewards
 
@@ -170,9 +174,11 @@ class RLModule(LightningModule):
 
     @torch.no_grad()
     def _score_batch(self, batch: RolloutBatch) -> None:
-        """Fill old log-probs, reference log-probs (when the KL is on) and critic values."""
+        """Fill old log-probs (unless the rollout gave them), reference log-probs (when the KL is on)
+        and critic values."""
         self.policy.eval()
-        batch.old_logprobs = torch.cat([response_logprobs(self.policy, mb)[0] for mb in self._micro(batch)])
+        if batch.old_logprobs is None:
+            batch.old_logprobs = torch.cat([response_logprobs(self.policy, mb)[0] for mb in self._micro(batch)])
         if self.algo.name == "grpo" and self.algo.kl_coef > 0:
             with self._reference() as reference:
                 batch.ref_logprobs = torch.cat([response_logprobs(reference, mb)[0] for mb in self._micro(batch)])

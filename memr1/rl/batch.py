@@ -66,10 +66,15 @@ class RolloutBatch:
 
 
 def pack_rollouts(
-    prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], scores: Sequence[float], pad_id: int
+    prompt_ids: Sequence[Sequence[int]],
+    response_ids: Sequence[Sequence[int]],
+    scores: Sequence[float],
+    pad_id: int,
+    logprobs: Sequence[Sequence[float]] | None = None,
 ) -> RolloutBatch:
     """Left-pad the prompts, right-pad the responses and join them (see the module docstring).
 
+    `logprobs`, the sampler's log-probs of each response token, become `old_logprobs` when given.
     A response of length 0 (the model stopped at once) keeps one masked column so shapes stay valid.
     """
     if not (len(prompt_ids) == len(response_ids) == len(scores)):
@@ -83,7 +88,13 @@ def pack_rollouts(
     for row, ids in enumerate(response_ids):
         responses[row, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
         response_mask[row, : len(ids)] = 1
+    old_logprobs = None
+    if logprobs is not None:
+        old_logprobs = torch.zeros((len(response_ids), width), dtype=torch.float32)
+        for row, values in enumerate(logprobs):
+            old_logprobs[row, : len(values)] = torch.as_tensor(list(values), dtype=torch.float32)
     return RolloutBatch(
+        old_logprobs=old_logprobs,
         input_ids=torch.cat([prompts, responses], dim=1),
         attention_mask=torch.cat([prompt_mask, response_mask], dim=1),
         responses=responses,
