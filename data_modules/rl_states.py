@@ -46,7 +46,7 @@ from memr1.llm.loading import load_policy
 from memr1.memory import BankFork, MemoryBank, MemoryView
 from memr1.memory.store import is_lite_uri
 from memr1.pipeline.answering import retrieve_memories
-from memr1.pipeline.banks import bank_name, build_banks
+from memr1.pipeline.banks import bank_name, build_banks, memory_items
 from memr1.pipeline.managers import AddAllPolicy, MemoryPolicy, ModelPolicy
 from memr1.types import Conversation, MemoryOp, OpKind, Question
 
@@ -73,7 +73,8 @@ def build_banks_at(
     try:
         for conversation in conversations:
             banks[conversation.sample_id] = MemoryBank.open(uri, bank_name(conversation.sample_id), embedder)
-        build_banks(conversations, banks, policy, "observation", progress_file)
+        items = {conversation.sample_id: memory_items(conversation, "observation") for conversation in conversations}
+        build_banks(items, banks, policy, progress_file)
     except BaseException:
         for bank in banks.values():
             bank.close()
@@ -480,7 +481,7 @@ class RLStatesDataModule(LightningDataModule):
         digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
         kind = "add_all" if bank_policy is None else "model"
         return cls(
-            locomo={"path": cfg.data.path, "exclude_categories": list(cfg.data.exclude_categories)},
+            locomo={"path": cfg.data.path, "splits": cfg.data.splits, "exclude_categories": list(cfg.data.exclude_categories)},
             agent=model.agent,
             banks_uri=Path(cfg.banks.dir) / f"rl-{kind}-{digest}.db",
             window=model.get("window", 50),

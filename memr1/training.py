@@ -158,7 +158,12 @@ def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Logger]:
 def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[Callback]:
     monitor = "val/f1" if cfg.model.agent == "answer" else "val/reward"
     return [
-        ModelCheckpoint(dirpath=run_dir / "checkpoints", every_n_train_steps=cfg.checkpoint.every_n_train_steps, save_last=True, save_top_k=-1),
+        ModelCheckpoint(
+            dirpath=run_dir / "checkpoints",
+            every_n_train_steps=cfg.checkpoint.every_n_train_steps,
+            save_top_k=1,  # the newest; `last.ckpt` links to it for `ckpt_path=last`
+            save_last="link",
+        ),
         ExportPolicy(run_dir / "policy", monitor=monitor),
         TrainingCurves(run_dir),
         SampleLog(run_dir, every_n_steps=cfg.logging.samples_every_n_steps),

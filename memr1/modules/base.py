@@ -107,7 +107,14 @@ class RLModule(LightningModule):
         self.engine = engine or HFEngine(policy, tokenizer, batch_size=max(algo.micro_batch_size, 8))
         self._policy_samples_itself = engine is None
         self.automatic_optimization = False
+        self.strict_loading = False  # checkpoints hold the trainable weights only (on_save_checkpoint)
         self.save_hyperparameters({"algo": asdict(algo), "seed": seed})
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Frozen weights (a LoRA policy's base, the KL reference) are rebuilt from the backbone on load:
+        # a checkpoint keeps what training changes, kilobytes for LoRA instead of whole models.
+        trainable = {name for name, param in self.named_parameters() if param.requires_grad}
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         # A batch is a list of states (Python objects): tensors are made, on the right device, in rollout.

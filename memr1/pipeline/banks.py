@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from memr1.types import Conversation, Fact
 
 log = logging.getLogger(__name__)
 
+# Sources read from the dataset itself; LLM extraction is `memr1.pipeline.extraction`.
 MEMORY_SOURCES = ("observation", "raw_turns")
 
 
@@ -53,6 +54,7 @@ def raw_turn_facts(conversation: Conversation) -> list[Fact]:
 
 
 def memory_items(conversation: Conversation, source: str) -> list[Fact]:
+    """The facts a bank is built from, in dialogue order: the dataset's facts or its raw turns."""
     if source == "observation":
         if not conversation.facts:
             raise ValueError(
@@ -91,15 +93,15 @@ class BuildProgress:
 
 
 def build_banks(
-    conversations: Sequence[Conversation],
-    banks: dict[str, MemoryBank],
+    items: Mapping[str, Sequence[Fact]],
+    banks: Mapping[str, MemoryBank],
     policy: MemoryPolicy,
-    source: str,
     progress_file: Path,
     timer: StageTimer | None = None,
     on_advance: Callable[[int], None] | None = None,
 ) -> dict[str, int]:
-    """Bring every conversation's bank (keyed by conversation id) up to date; return items per bank.
+    """Bring every bank (keyed by conversation id) up to date over its `items` (facts in dialogue order,
+    see `memory_items`); return the number of items per bank.
 
     Conversations advance in lockstep, one item each per round, so a model policy decides one batch
     per round (banks are independent; items within a bank stay sequential). `on_advance(n)` reports
@@ -108,7 +110,6 @@ def build_banks(
     timer = timer or StageTimer()
     tracker = BuildProgress(progress_file)
     state = tracker.load()
-    items = {c.sample_id: memory_items(c, source) for c in conversations}
     cursor: dict[str, int] = {}
     for conversation_id, bank in banks.items():
         recorded = state.get(bank.name, {"items": 0, "step": 0})

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from memr1.agents.answer import AnswerAgent
+from memr1.agents.extractor import FactExtractor
 from memr1.datasets.registry import category_names, load_dataset
 from memr1.embed import Embedder
 from memr1.llm.engines import GenerationEngine, build_engine
@@ -28,10 +29,11 @@ from memr1.memory import MemoryBank
 from memr1.metrics.judge import EngineJudge, Judge, OpenAICompatibleJudge
 from memr1.pipeline.answering import Prediction, answer_questions
 from memr1.pipeline.banks import bank_name, build_banks, memory_items
+from memr1.pipeline.extraction import extract_facts
 from memr1.pipeline.managers import AddAllPolicy, MemoryPolicy, ModelPolicy
 from memr1.pipeline.report import score_predictions, write_report
 from memr1.pipeline.timing import StageTimer
-from memr1.types import Conversation, Question
+from memr1.types import Conversation, Fact, Question
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +53,11 @@ def load_split(data: DictConfig, split: str, conversations: Sequence[str] | None
     if data.kind == "locomo":
         from data_modules.locomo import LoCoMoDataModule
 
-        module = LoCoMoDataModule(path=data.path, exclude_categories=data.exclude_categories)
-        module.prepare_data()
+        module = LoCoMoDataModule(
+            path=data.path, sha256=data.sha256 or "", splits=data.splits, exclude_categories=data.exclude_categories
+        )
+        if data.sha256 is not None:  # null: a file of your own, used as it is
+            module.prepare_data()
         module.setup()
         selected = module.conversations(split)
     else:
@@ -75,7 +80,9 @@ def select_questions(conversations: Sequence[Conversation], max_questions: int |
 
 def bank_signature(cfg: DictConfig) -> str:
     """Names the banks a config builds: runs that would build identical banks share them."""
-    recipe: dict[str, Any] = {"data": cfg.data.kind, "path": str(cfg.data.path), "source": cfg.memory.source}
+    recipe: dict[str, Any] = {"data": cfg.data.kind, "path": str(cfg.data.path), "memory": OmegaConf.to_container(cfg.memory)}
+    if cfg.memory.source == "llm":
+        recipe["extractor"] = cfg.backbone.name_or_path
     if cfg.memory.source == "raw_turns" or cfg.manager.kind == "add_all":
         recipe["manager"] = "add_all"
     else:
@@ -140,6 +147,28 @@ def open_banks(cfg: DictConfig, conversations: Sequence[Conversation], embedder:
     return banks, banks_dir / f"{signature}.progress.json"
 
 
+def memory_items_for(
+    cfg: DictConfig, conversations: Sequence[Conversation], models: ModelCache, facts_cache: Path, timer: StageTimer
+) -> dict[str, list[Fact]]:
+    """The facts each bank is built from: the dataset's (observation), its raw turns, or extracted by
+    the backbone (memory=llm_facts, cached in `facts_cache` so reruns and resumed runs skip done turns)."""
+    if cfg.memory.source != "llm":
+        return {c.sample_id: memory_items(c, cfg.memory.source) for c in conversations}
+    sampling = SamplingConfig(max_new_tokens=cfg.memory.max_new_tokens, temperature=0.0)
+    with progress_bar() as bar:
+        task = bar.add_task("extracting facts", total=sum(1 for c in conversations for _ in c.turns()))
+        return extract_facts(
+            conversations,
+            models.engine(cfg.memory.ckpt),
+            facts_cache,
+            FactExtractor(cfg.memory.max_facts_per_turn),
+            sampling,
+            cfg.memory.batch_size,
+            timer,
+            on_advance=lambda n: bar.advance(task, n),
+        )
+
+
 def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """The whole evaluation; returns the report's scores and latencies."""
     started = time.perf_counter()
@@ -159,11 +188,10 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     with ExitStack() as stack:
         banks, progress_file = open_banks(cfg, conversations, embedder, stack)
         policy = memory_policy(cfg, models)
-        total_items = sum(len(memory_items(c, cfg.memory.source)) for c in conversations)
+        items = memory_items_for(cfg, conversations, models, progress_file.with_suffix(".facts.jsonl"), timer)
         with progress_bar() as bar:
-            task = bar.add_task("building banks", total=total_items)
-            build_banks(conversations, banks, policy, cfg.memory.source, progress_file, timer,
-                        on_advance=lambda n: bar.advance(task, n))
+            task = bar.add_task("building banks", total=sum(len(facts) for facts in items.values()))
+            build_banks(items, banks, policy, progress_file, timer, on_advance=lambda n: bar.advance(task, n))
         agent = AnswerAgent(distill=cfg.answer.distill, max_answer_words=cfg.answer.max_answer_words)
         engine = models.engine(cfg.ckpt)
         sampling = SamplingConfig(max_new_tokens=cfg.answer.max_new_tokens, temperature=0.0)

@@ -1,0 +1,156 @@
+"""The memory pipeline on the hand-made LoCoMo fixture: real Milvus Lite banks, the real MiniLM embedder,
+a tiny random model where a model is needed, and `run_evaluation` end to end through Hydra."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from memr1.agents.extractor import FactExtractor
+from memr1.datasets.locomo import load_locomo
+from memr1.llm.engines import HFEngine
+from memr1.llm.loading import load_tokenizer
+from memr1.llm.sampling import SamplingConfig
+from memr1.llm.testing import tiny_causal_lm
+from memr1.memory import MemoryBank
+from memr1.pipeline.banks import bank_name, build_banks, memory_items, raw_turn_facts
+from memr1.pipeline.evaluation import run_evaluation
+from memr1.pipeline.extraction import extract_facts
+from memr1.pipeline.managers import AddAllPolicy, ModelPolicy, add_op
+from memr1.types import Fact, Turn
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "locomo_mini.json"
+EMBEDDED = "embedded:smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def conversations():
+    return load_locomo(FIXTURE)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(EMBEDDED)
+
+
+def open_banks(uri: Path, conversations, embedder) -> dict[str, MemoryBank]:
+    return {c.sample_id: MemoryBank.open(uri, bank_name(c.sample_id), embedder) for c in conversations}
+
+
+def test_add_all_build_holds_every_fact_and_a_rerun_adds_nothing(tmp_path, conversations, embedder):
+    items = {c.sample_id: memory_items(c, "observation") for c in conversations}
+    progress = tmp_path / "banks.progress.json"
+    banks = open_banks(tmp_path / "banks.db", conversations, embedder)
+    try:
+        build_banks(items, banks, AddAllPolicy(), progress)
+        for conversation in conversations:
+            texts = [entry.text for entry in banks[conversation.sample_id].entries()]
+            assert texts == [fact.text for fact in items[conversation.sample_id]]
+        build_banks(items, banks, AddAllPolicy(), progress)
+        assert {cid: len(bank) for cid, bank in banks.items()} == {cid: len(facts) for cid, facts in items.items()}
+    finally:
+        for bank in banks.values():
+            bank.close()
+
+
+def test_build_resumes_without_applying_an_op_twice(tmp_path, conversations, embedder):
+    """A kill between "op applied" and "progress saved": the bank's step tells the build it is done."""
+    conversation = conversations[0]
+    items = memory_items(conversation, "observation")
+    assert len(items) >= 3
+    progress = tmp_path / "p.json"
+    with MemoryBank.open(tmp_path / "b.db", "bank", embedder) as bank:
+        build_banks({conversation.sample_id: items[:2]}, {conversation.sample_id: bank}, AddAllPolicy(), progress)
+        bank.apply(add_op(items[2]))  # applied, then "killed" before the progress file was written
+        build_banks({conversation.sample_id: items}, {conversation.sample_id: bank}, AddAllPolicy(), progress)
+        assert [entry.text for entry in bank.entries()] == [fact.text for fact in items]
+        assert json.loads(progress.read_text())["bank"] == {"items": len(items), "step": len(items)}
+
+
+def test_a_random_model_as_manager_never_corrupts_a_bank(tmp_path, conversations, embedder, tokenizer):
+    engine = HFEngine(tiny_causal_lm(tokenizer, seed=3), tokenizer, batch_size=4)
+    policy = ModelPolicy(engine, sampling=SamplingConfig(max_new_tokens=12, temperature=0.0), num_candidates=2)
+    items = {c.sample_id: memory_items(c, "observation") for c in conversations}
+    banks = open_banks(tmp_path / "m.db", conversations, embedder)
+    try:
+        build_banks(items, banks, policy, tmp_path / "m.progress.json")
+        total = sum(len(facts) for facts in items.values())
+        # Garbage never parses: every decision is a NOOP with a format error, and the banks stay empty.
+        assert policy.format_errors == total
+        assert all(len(bank) == 0 for bank in banks.values())
+    finally:
+        for bank in banks.values():
+            bank.close()
+
+
+def test_raw_turns_are_one_memory_per_turn_with_the_speaker(conversations):
+    conversation = conversations[0]
+    facts = raw_turn_facts(conversation)
+    turns = list(conversation.turns())
+    assert [f.dia_ids for f in facts] == [(t.dia_id,) for t in turns]
+    assert facts[0].text == f"{turns[0].speaker}: {turns[0].text}"
+
+
+def test_extractor_parses_lines_into_facts_of_the_speaker():
+    turn = Turn("D3:4", "Ben", "I ran my third marathon!", 3, "1 May, 2023")
+    text = "Facts:\n- Ben ran his third marathon.\n2) Ben has run 3 marathons\n\nok\nNONE\nBen likes tea."
+    facts = FactExtractor().parse(text, turn)
+    assert facts == [
+        Fact("Ben ran his third marathon.", "Ben", ("D3:4",), 3, "1 May, 2023"),
+        Fact("Ben has run 3 marathons", "Ben", ("D3:4",), 3, "1 May, 2023"),
+    ]
+    assert FactExtractor().parse("NONE", turn) == []
+
+
+class MustNotGenerate:
+    tokenizer = None
+
+    def generate(self, prompts, sampling):
+        raise AssertionError("every turn is cached: nothing should be generated")
+
+
+def test_extraction_is_cached_per_turn(tmp_path, conversations, tokenizer):
+    engine = HFEngine(tiny_causal_lm(tokenizer, seed=5), tokenizer, batch_size=8)
+    cache = tmp_path / "facts.jsonl"
+    first = extract_facts(conversations, engine, cache, batch_size=8)
+    turns = sum(1 for c in conversations for _ in c.turns())
+    assert len(cache.read_text().splitlines()) == turns
+    assert extract_facts(conversations, MustNotGenerate(), cache) == first
+
+
+def test_evaluate_end_to_end_writes_predictions_and_reports(tmp_path, tokenizer):
+    model_dir = tmp_path / "tiny"
+    tiny_causal_lm(tokenizer, seed=7).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(
+            "evaluate",
+            overrides=[
+                f"data.path={FIXTURE}",
+                "data.sha256=null",
+                "data.splits={train:[mini-1],validation:[mini-2],test:null}",
+                f"backbone.name_or_path={model_dir}",
+                f"banks.dir={tmp_path / 'banks'}",
+                "answer.k_per_speaker=2",
+                "answer.max_new_tokens=8",
+                "answer.batch_size=2",
+            ],
+        )
+    run_dir = tmp_path / "run"
+    result = run_evaluation(cfg, run_dir)
+    questions = load_locomo(FIXTURE)[1].questions
+    rows = [json.loads(line) for line in (run_dir / "predictions.jsonl").read_text().splitlines()]
+    assert [row["qid"] for row in rows] == [q.qid for q in questions]
+    assert all(len(row["retrieved_ids"]) <= 4 for row in rows)
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["scores"]["count"] == len(questions)
+    assert set(report["latency"]) >= {"memory_search", "answer", "manager"}
+    assert "**Overall**" in (run_dir / "report.md").read_text()
+    assert (run_dir / "scores.png").stat().st_size > 0
+    assert 0.0 <= result["scores"]["f1"] <= 100.0
+    # The add_all manager built the bank: every question retrieved memories from it.
+    assert all(row["retrieved_ids"] for row in rows)
