@@ -30,6 +30,7 @@ from memr1.llm.value import ValueModel
 from memr1.modules.answer import AnswerRLModule
 from memr1.modules.base import AlgoConfig, RLModule
 from memr1.modules.manager import ManagerRLModule
+from memr1.pipeline.evaluation import make_judge
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,9 @@ def build_critic(cfg: DictConfig) -> torch.nn.Module:
 def build_env(cfg: DictConfig) -> AnswerEnv | ManagerEnv:
     model = cfg.model
     answer_agent = AnswerAgent(distill=model.get("distill", True), max_answer_words=model.get("max_answer_words", 6))
+    judge = make_judge(cfg) if model.reward == "judge" else None
     if model.agent == "answer":
-        return AnswerEnv(answer_agent, reward=model.reward, format_penalty=model.format_penalty)
+        return AnswerEnv(answer_agent, reward=model.reward, format_penalty=model.format_penalty, judge=judge)
     if model.agent == "manager":
         frozen, tokenizer = load_policy(cfg.backbone.name_or_path, dtype=cfg.backbone.dtype, adapter=model.answer_ckpt)
         for param in frozen.parameters():
@@ -108,6 +110,7 @@ def build_env(cfg: DictConfig) -> AnswerEnv | ManagerEnv:
             k_per_speaker=model.k_per_speaker,
             reward=model.reward,
             format_penalty=model.format_penalty,
+            judge=judge,
         )
     raise ValueError(f"model.agent: unknown agent {model.agent!r}; expected answer or manager")
 

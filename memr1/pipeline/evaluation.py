@@ -125,7 +125,8 @@ def memory_policy(cfg: DictConfig, models: ModelCache) -> MemoryPolicy:
     raise ValueError(f"manager.kind: unknown kind {cfg.manager.kind!r}; expected add_all or model")
 
 
-def make_judge(cfg: DictConfig, models: ModelCache) -> Judge | None:
+def make_judge(cfg: DictConfig) -> Judge | None:
+    """The configured judge (`judge` group), or None for judge=none."""
     kind = cfg.judge.kind
     if kind == "none":
         return None
@@ -219,7 +220,7 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             )
         bank_sizes = {c.sample_id: len(banks[c.sample_id]) for c in conversations}
 
-    judge = make_judge(cfg, models)
+    judge = make_judge(cfg)
     verdicts = None
     if judge is not None:
         with timer.time("judge", items=len(predictions)):

@@ -1,0 +1,89 @@
+"""The Hydra configs compose for the command shapes users type, and bad choices fail with clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from memr1.modules.base import AlgoConfig
+from memr1.training import algo_config, trainer_kwargs
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def compose_config(name: str, overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(name, overrides=overrides)
+
+
+def test_the_readme_training_command_composes_with_the_papers_ppo_settings():
+    cfg = compose_config("train", ["model=manager", "algo=ppo", "trainer.devices=4"])
+    algo = algo_config(cfg)
+    assert (cfg.model.agent, algo.name, cfg.trainer.devices) == ("manager", "ppo", 4)
+    assert (algo.actor_lr, algo.critic_lr, algo.clip_ratio_low, algo.gamma, algo.lam) == (1e-6, 1e-5, 0.2, 1.0, 1.0)
+    assert cfg.model.window == 50 and cfg.model.num_candidates == 5
+
+
+def test_grpo_defaults_follow_the_paper():
+    algo = algo_config(compose_config("train", []))
+    assert (algo.name, algo.kl_coef, algo.kl_kind, algo.loss_agg_mode, algo.temperature) == (
+        "grpo", 0.001, "low_var_kl", "token-mean", 1.0,
+    )
+
+
+def test_trainer_kinds_on_a_cpu_machine():
+    auto = trainer_kwargs(OmegaConf.create({"kind": "auto", "devices": 4, "num_nodes": 1, "precision": None}))
+    assert (auto["accelerator"], auto["devices"], auto["strategy"], auto["precision"]) == (
+        "cpu", 4, "ddp_find_unused_parameters_true", "32-true",
+    )
+    fsdp = OmegaConf.create({"kind": "fsdp", "devices": 4, "num_nodes": 1, "precision": "bf16-true"})
+    with pytest.raises(ValueError, match="trainer=fsdp: no CUDA GPU.*trainer=cpu"):
+        trainer_kwargs(fsdp)
+
+
+@pytest.mark.parametrize("ablation", sorted(p.stem for p in (CONF / "ablation").glob("*.yaml")))
+def test_every_ablation_composes(ablation):
+    cfg = compose_config("train", [f"ablation={ablation}"])
+    expected = {
+        "no_distill": lambda c: c.model.distill is False,
+        "no_rl_manager": lambda c: c.model.bank_manager == "prompted",
+        "no_rl_answer": lambda c: c.model.agent == "manager" and c.model.answer_ckpt is None,
+        "judge_reward": lambda c: c.model.reward == "judge" and c.judge.kind == "hf",
+    }
+    assert expected[ablation](cfg)
+
+
+@pytest.mark.parametrize("sweep", sorted((CONF / "sweep").glob("*.yaml")), ids=lambda p: p.stem)
+def test_sweep_parameters_name_real_config_keys(sweep):
+    spec = yaml.safe_load(sweep.read_text())
+    fixed = [arg for arg in spec["command"] if "=" in arg and not arg.startswith("$")]
+    cfg = compose_config("train", fixed)
+    for key in spec["parameters"]:
+        assert OmegaConf.select(cfg, key, default="<missing>") != "<missing>", f"{sweep.name}: {key} is not a config key"
+    assert spec["program"] == "train.py"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["manager=prompted"],
+        ["memory=raw_turns"],
+        ["memory=llm_facts"],
+        ["answer.distill=false"],
+        ["experiment=smoke"],
+        ["experiment=cpu_validation"],
+        ["judge=openai_compatible", "judge.url=http://localhost:8000/v1", "judge.model=m"],
+    ],
+)
+def test_evaluation_variants_compose(overrides):
+    cfg = compose_config("evaluate", overrides)
+    assert cfg.answer.k_per_speaker >= 1 and cfg.split in ("train", "validation", "test")
+
+
+def test_a_wrong_algorithm_name_fails_early():
+    with pytest.raises(ValueError, match="algo.name: 'ppo2'"):
+        AlgoConfig(name="ppo2")
