@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # The untrained baselines on the validation split (conv-30, 81 questions) with the embedded model:
-# the rows RL must beat. Each run writes runs/baselines/<name>/report.md.
+# the rows RL must beat. Each run writes runs/baselines/<name>/report.md. Pass names to run a subset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export HF_HUB_OFFLINE=1
-run() { name=$1; shift; "$PY" evaluate.py experiment=cpu_validation hydra.run.dir=runs/baselines/$name "$@"; }
-run add_all manager=add_all
-run no_distill manager=add_all answer.distill=false
-run raw_turns memory=raw_turns
-run prompted manager=prompted manager.max_new_tokens=96
+declare -A RUNS=(
+  [add_all]="manager=add_all"
+  [no_distill]="manager=add_all answer.distill=false"
+  [raw_turns]="memory=raw_turns"
+  [prompted]="manager=prompted manager.max_new_tokens=96"
+)
+for name in "${@:-add_all no_distill raw_turns prompted}"; do
+  for one in $name; do
+    # shellcheck disable=SC2086
+    "$PY" evaluate.py experiment=cpu_validation hydra.run.dir="runs/baselines/$one" ${RUNS[$one]}
+  done
+done

@@ -14,7 +14,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-from pymilvus import DataType, MilvusClient, MilvusException
+
+# gRPC's C core prints to stderr when Milvus Lite's in-process server throttles pymilvus' keepalive
+# pings during long idle stretches (an evaluation generating answers): "GOAWAY ... too_many_pings".
+# The client reconnects by itself; real failures still reach Python as exceptions.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+from pymilvus import DataType, MilvusClient, MilvusException  # noqa: E402  (after GRPC_VERBOSITY)
 
 from memr1.memory.errors import BankLockedError, MemoryBankError
 from memr1.memory.expr import field_equals
