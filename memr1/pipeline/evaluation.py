@@ -78,18 +78,22 @@ def select_questions(conversations: Sequence[Conversation], max_questions: int |
     return questions if max_questions is None else questions[:max_questions]
 
 
+def manager_uses_model(cfg: DictConfig) -> bool:
+    """Whether a model decides the memory operations (raw turns are always ADDed)."""
+    return cfg.memory.source != "raw_turns" and cfg.manager.kind != "add_all"
+
+
 def bank_signature(cfg: DictConfig) -> str:
     """Names the banks a config builds: runs that would build identical banks share them."""
     recipe: dict[str, Any] = {"data": cfg.data.kind, "path": str(cfg.data.path), "memory": OmegaConf.to_container(cfg.memory)}
     if cfg.memory.source == "llm":
         recipe["extractor"] = cfg.backbone.name_or_path
-    if cfg.memory.source == "raw_turns" or cfg.manager.kind == "add_all":
-        recipe["manager"] = "add_all"
-    else:
+    if manager_uses_model(cfg):
         recipe["manager"] = OmegaConf.to_container(cfg.manager)
         recipe["backbone"] = cfg.backbone.name_or_path
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
-    return f"{cfg.data.kind}-{cfg.memory.source}-{recipe['manager'] if isinstance(recipe['manager'], str) else 'model'}-{digest}"
+    manager = "model" if manager_uses_model(cfg) else "add_all"
+    return f"{cfg.data.kind}-{cfg.memory.source}-{manager}-{digest}"
 
 
 class ModelCache:
@@ -114,7 +118,7 @@ class ModelCache:
 
 
 def memory_policy(cfg: DictConfig, models: ModelCache) -> MemoryPolicy:
-    if cfg.memory.source == "raw_turns" or cfg.manager.kind == "add_all":
+    if not manager_uses_model(cfg):
         return AddAllPolicy()
     if cfg.manager.kind == "model":
         return ModelPolicy(
