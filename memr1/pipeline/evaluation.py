@@ -6,6 +6,7 @@ the library (data → banks → answers → scores), so notebooks can call them 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -63,7 +64,11 @@ def load_split(data: DictConfig, split: str, conversations: Sequence[str] | None
     else:
         if split != "test":
             raise ValueError(f"split={split}: {data.kind} is a zero-shot test set; use split=test")
-        selected = load_dataset(data.kind, data.path, exclude_categories=data.exclude_categories)
+        excluded = set(data.exclude_categories)
+        selected = [
+            dataclasses.replace(c, questions=tuple(q for q in c.questions if q.category not in excluded))
+            for c in load_dataset(data.kind, data.path)
+        ]
     if conversations:
         wanted = set(conversations)
         missing = wanted - {c.sample_id for c in selected}
