@@ -136,7 +136,7 @@ def test_evaluate_runs_unchanged_on_a_zero_shot_dataset(tmp_path, tokenizer):
             "evaluate",
             overrides=[
                 "data=longmemeval",
-                f"data.path={ROOT / 'tests' / 'fixtures' / 'longmemeval_sample.json'}",
+                f"data.path={ROOT / 'tests' / 'fixtures' / 'lme_sample.json'}",
                 "split=test",
                 "memory=raw_turns",
                 f"backbone.name_or_path={model_dir}",

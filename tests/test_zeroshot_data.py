@@ -28,7 +28,7 @@ from memr1.datasets.registry import category_names, load_dataset, read_json_reco
 from memr1.types import Conversation, Fact, Question, Session, Turn
 
 FIXTURES = Path(__file__).parent / "fixtures"
-LME_SAMPLE = FIXTURES / "longmemeval_sample.json"
+LME_SAMPLE = FIXTURES / "lme_sample.json"
 MSC_SAMPLE = FIXTURES / "msc_self_instruct_sample.jsonl"
 
 
@@ -342,7 +342,7 @@ def test_longmemeval_top_level_must_be_a_list(tmp_path: Path) -> None:
 
 
 def test_longmemeval_malformed_fixture_names_the_turn() -> None:
-    path = FIXTURES / "longmemeval_bad_content.json"
+    path = FIXTURES / "lme_bad_content.json"
     with pytest.raises(DatasetFormatError) as caught:
         load_longmemeval(path)
     assert (caught.value.path, caught.value.json_path, caught.value.problem) == (
@@ -353,7 +353,7 @@ def test_longmemeval_malformed_fixture_names_the_turn() -> None:
 
 
 def test_longmemeval_invalid_json_names_line_and_column() -> None:
-    path = FIXTURES / "longmemeval_bad_syntax.json"
+    path = FIXTURES / "lme_bad_syntax.json"
     with pytest.raises(DatasetFormatError) as caught:
         load_longmemeval(path)
     # Line 3 is `   "question": "Where?" "answer": ...`: the missing comma is before column 25.
