@@ -122,50 +122,46 @@ def test_extraction_is_cached_per_turn(tmp_path, conversations, tokenizer):
     assert extract_facts(conversations, MustNotGenerate(), cache) == first
 
 
-def save_tiny_model(tokenizer, directory: Path) -> Path:
-    tiny_causal_lm(tokenizer, seed=7).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+def evaluation_config(tmp_path: Path, tokenizer, overrides: list[str]):
+    """conf/evaluate.yaml over a tiny random model saved as a checkpoint dir, with banks in tmp_path."""
+    model_dir = tmp_path / "tiny"
+    tiny_causal_lm(tokenizer, seed=7).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    common = [f"backbone.name_or_path={model_dir}", f"banks.dir={tmp_path / 'banks'}", "answer.k_per_speaker=2"]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("evaluate", overrides=common + overrides)
 
 
 def test_evaluate_runs_unchanged_on_a_zero_shot_dataset(tmp_path, tokenizer):
     """LongMemEval has no per-turn facts: its raw turns are the memories; split=test is its only split."""
-    model_dir = save_tiny_model(tokenizer, tmp_path / "tiny")
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(
-            "evaluate",
-            overrides=[
-                "data=longmemeval",
-                f"data.path={ROOT / 'tests' / 'fixtures' / 'lme_sample.json'}",
-                "split=test",
-                "memory=raw_turns",
-                f"backbone.name_or_path={model_dir}",
-                f"banks.dir={tmp_path / 'banks'}",
-                "answer.k_per_speaker=2",
-                "answer.max_new_tokens=4",
-            ],
-        )
+    cfg = evaluation_config(
+        tmp_path,
+        tokenizer,
+        [
+            "data=longmemeval",
+            f"data.path={ROOT / 'tests' / 'fixtures' / 'lme_sample.json'}",
+            "split=test",
+            "memory=raw_turns",
+            "answer.max_new_tokens=4",
+        ],
+    )
     result = run_evaluation(cfg, tmp_path / "run")
     assert result["scores"]["count"] == 2
     assert (tmp_path / "run" / "report.md").exists()
 
 
 def test_evaluate_end_to_end_writes_predictions_and_reports(tmp_path, tokenizer):
-    model_dir = save_tiny_model(tokenizer, tmp_path / "tiny")
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(
-            "evaluate",
-            overrides=[
-                f"data.path={FIXTURE}",
-                "data.sha256=null",
-                "data.splits={train:[mini-1],validation:[mini-2],test:null}",
-                f"backbone.name_or_path={model_dir}",
-                f"banks.dir={tmp_path / 'banks'}",
-                "answer.k_per_speaker=2",
-                "answer.max_new_tokens=8",
-                "answer.batch_size=2",
-            ],
-        )
+    cfg = evaluation_config(
+        tmp_path,
+        tokenizer,
+        [
+            f"data.path={FIXTURE}",
+            "data.sha256=null",
+            "data.splits={train:[mini-1],validation:[mini-2],test:null}",
+            "answer.max_new_tokens=8",
+            "answer.batch_size=2",
+        ],
+    )
     run_dir = tmp_path / "run"
     result = run_evaluation(cfg, run_dir)
     questions = load_locomo(FIXTURE)[1].questions
