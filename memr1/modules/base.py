@@ -296,8 +296,9 @@ class RLModule(LightningModule):
         self._advantages(batch, group_ids)
         update_stats = self._update(batch)
         self._stage_seconds["update"] = time.perf_counter() - started
-        self.log_dict(self._step_metrics(batch, rewards, group_ids, update_stats), on_step=True, prog_bar=False)
-        self.log("train/reward", batch.scores.mean(), on_step=True, prog_bar=True, batch_size=len(batch))
+        metrics = self._step_metrics(batch, rewards, group_ids, update_stats)
+        self.log("reward/mean", metrics.pop("reward/mean"), on_step=True, prog_bar=True, batch_size=len(batch))
+        self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch))
 
     def _step_metrics(
         self, batch: RolloutBatch, rewards: Sequence[Reward], group_ids: Sequence[int], update: dict[str, float]
