@@ -163,6 +163,26 @@ def test_seeded_sampling_is_reproducible_and_leaves_global_rng_alone(model, toke
     assert [s[0].response_ids for s in other] != [s[0].response_ids for s in first]
 
 
+def test_each_distinct_prompt_is_prefilled_once(model, tokenizer):
+    """n samples of a prompt share one prefill (its KV cache is copied), and sample as if prefilled apart."""
+    prefill_rows: list[int] = []
+
+    def record(module, args, kwargs) -> None:
+        if kwargs["input_ids"].shape[1] > 1:
+            prefill_rows.append(kwargs["input_ids"].shape[0])
+
+    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        results = HFEngine(model, tokenizer, batch_size=8).generate(PROMPTS, SamplingConfig(max_new_tokens=6, n=2, seed=1))
+    finally:
+        handle.remove()
+    assert prefill_rows == [len(PROMPTS)]  # 3 distinct prompts prefilled for 6 rows
+    for samples in results:
+        for generation in samples:
+            expected = reference_logprobs(model, generation.prompt_ids, generation.response_ids)
+            assert generation.logprobs == pytest.approx(expected, abs=1e-4)
+
+
 def test_n_samples_per_prompt_in_prompt_order(model, tokenizer):
     results = HFEngine(model, tokenizer, batch_size=3).generate(
         PROMPTS, SamplingConfig(max_new_tokens=4, n=3, seed=0)

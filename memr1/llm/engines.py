@@ -179,7 +179,11 @@ class HFEngine:
         self, prompts: list[list[int]], sampling: SamplingConfig, generator: torch.Generator | None
     ) -> list[Generation]:
         device = next(self.model.parameters()).device
-        input_ids, attention_mask = left_pad(prompts, self.tokenizer.pad_token_id)
+        # Each distinct prompt is prefilled once and its KV cache copied to its samples: with n samples
+        # per prompt (GRPO's group) that divides the prefill, most of a CPU rollout, by n.
+        distinct: dict[tuple[int, ...], int] = {}
+        row_to_distinct = [distinct.setdefault(tuple(prompt), len(distinct)) for prompt in prompts]
+        input_ids, attention_mask = left_pad([list(prompt) for prompt in distinct], self.tokenizer.pad_token_id)
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         position_ids = position_ids_from_attention_mask(attention_mask)
         cache = DynamicCache(config=self.model.config)
@@ -191,6 +195,10 @@ class HFEngine:
             logits_to_keep=1,  # the prompt's other logits would cost bs x L x vocab floats for nothing
             **{self._cache_keyword: cache},
         ).logits[:, -1, :]
+        if len(distinct) < len(prompts):
+            rows = torch.tensor(row_to_distinct, device=device)
+            cache.reorder_cache(rows)
+            logits, attention_mask, position_ids = logits[rows], attention_mask[rows], position_ids[rows]
         responses: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         finished = [False] * len(prompts)

@@ -110,14 +110,17 @@ def response_logprobs(
 
     Position ids count real tokens only, as in generation, so a padded row scores as it would alone.
     """
+    response_length = batch.responses.shape[1]
+    # Only the logits that predict response tokens (positions P-1 .. P+R-2, the last R+1 of P+R): the
+    # LM head over the prompt would cost a fifth of the forward pass and bs x P x vocab floats.
     logits = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=position_ids_from_attention_mask(batch.attention_mask),
         use_cache=False,
+        logits_to_keep=response_length + 1,
     ).logits
-    start = batch.prompt_length - 1
-    response_logits = logits[:, start : start + batch.responses.shape[1]]
+    response_logits = logits[:, :response_length]
     logprobs = logprobs_from_logits(response_logits, batch.responses)
     entropy = entropy_from_logits(response_logits) if with_entropy else None
     return logprobs, entropy
