@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import LightningDataModule, Trainer, seed_everything
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.loggers import CSVLogger, Logger
 from omegaconf import DictConfig, OmegaConf
@@ -201,5 +201,16 @@ def run_training(cfg: DictConfig, run_dir: Path) -> RLModule:
     trainer = build_trainer(cfg, run_dir)
     module = build_module(cfg)
     data = RLStatesDataModule.from_config(cfg)
-    trainer.fit(module, datamodule=data, ckpt_path=cfg.ckpt_path)
+    fit(trainer, module, data, ckpt_path=cfg.ckpt_path, val_before_train=cfg.data_loader.val_before_train)
     return module
+
+
+def fit(
+    trainer: Trainer, module: RLModule, data: LightningDataModule, ckpt_path: str | None, val_before_train: bool
+) -> None:
+    """`trainer.fit`, after validating the untrained policy when `val_before_train` (verl's option of
+    the same name) and the run is not a resume: that score is step 0 of the curves and the bar
+    `policy/best` has to clear, so a run that never beats its base exports the base as best."""
+    if val_before_train and ckpt_path is None:
+        trainer.validate(module, datamodule=data)
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)

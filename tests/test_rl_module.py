@@ -7,14 +7,16 @@ Lightning Trainer.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import pytest
 import torch
-from lightning.pytorch import Trainer
+from lightning.pytorch import LightningDataModule, Trainer
 from torch.utils.data import DataLoader
 
 from memr1.agents.answer import AnswerAgent
+from memr1.callbacks import ExportPolicy, TrainingCurves
 from memr1.envs.answer import AnswerEnv, AnswerState
 from memr1.envs.base import Reward
 from memr1.llm.loading import load_tokenizer
@@ -23,6 +25,7 @@ from memr1.llm.value import ValueModel
 from memr1.modules.answer import AnswerRLModule
 from memr1.modules.base import AlgoConfig, RLModule
 from memr1.rl.batch import response_logprobs
+from memr1.training import fit
 from memr1.types import MemoryEntry, Question
 
 EMBEDDED = "embedded:smollm2-135m-instruct"
@@ -120,3 +123,38 @@ def test_malformed_answers_from_a_random_model_never_stop_training(tokenizer):
     batch, rewards = module.last_rollout
     assert len(rewards) == 4
     assert all(r.format_error is not None and r.score == -0.5 for r in rewards)
+
+
+class AnswerStatesData(LightningDataModule):
+    def __init__(self, states: list[AnswerState]) -> None:
+        super().__init__()
+        self.states = states
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.states * 2, batch_size=len(self.states), collate_fn=list)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.states, batch_size=len(self.states), collate_fn=list)
+
+
+@pytest.mark.parametrize("val_before_train", [True, False])
+def test_val_before_train_puts_the_base_policy_at_step_zero(tokenizer, tmp_path, val_before_train):
+    memories = {"Andrew": [MemoryEntry("m1", "Andrew adopted two dogs, Buddy and Scout", "Andrew", "1 May, 2023")]}
+    states = [AnswerState(Question("c/q0", "c", "What are Andrew's dogs called?", "Buddy and Scout", ("D1:1",), 1), memories)]
+    algo = AlgoConfig(name="grpo", group_size=2, max_new_tokens=4, actor_lr=1e-4, kl_coef=0.0, micro_batch_size=2)
+    module = AnswerRLModule(tiny_causal_lm(tokenizer, seed=4), tokenizer, AnswerEnv(AnswerAgent(), reward="f1"), algo, seed=0)
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        val_check_interval=2,
+        check_val_every_n_epoch=None,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[TrainingCurves(tmp_path), ExportPolicy(tmp_path / "policy", monitor="val/f1")],
+    )
+    fit(trainer, module, AnswerStatesData(states), ckpt_path=None, val_before_train=val_before_train)
+    curves = json.loads((tmp_path / "curves.json").read_text())
+    assert [step for step, _ in curves["val"]["val/f1"]] == ([0, 2] if val_before_train else [2])
+    assert (tmp_path / "policy" / "best" / "config.json").exists()
