@@ -1,0 +1,519 @@
+"""The CPU lift report: evaluation rows, base-vs-trained comparison and training summaries, read from
+finished run directories (no model is loaded).
+
+Inputs:
+
+- `--eval LABEL=DIR` (repeatable, order kept): a `python evaluate.py` run dir holding `report.json`
+  (scores, latency, settings) and `predictions.jsonl` (one prediction per question).
+- `--train LABEL=DIR` (repeatable): a `python train.py` run dir holding `curves.json` (reward/mean per
+  step, validation scores per check), `csv/metrics.csv` (per-step logged metrics) and `train.log`.
+- `--base` / `--trained`: the two `--eval` labels whose predictions are compared (score deltas and a
+  seeded choice of sample questions, the same ids for both).
+- `--commands FILE`: optional `label<TAB>command` lines, the command behind each run.
+
+Outputs: `--json` (everything), `--markdown-out` (tables only, to paste into docs/cpu_lift.md) and
+`--figure` (one panel per training run: reward/mean by step on the left axis, val/f1 or val/reward on
+the right). Scores are 0-100 as in report.json; the samples' token F1 is rescaled to 0-100 too.
+
+    .venv/bin/python scripts/lift_report.py \\
+        --eval "Answer Agent, base=runs/cpu_lift/eval-base" \\
+        --eval "Answer Agent, GRPO=runs/cpu_lift/eval-answer-grpo" \\
+        --train "answer GRPO=runs/cpu_lift/answer-grpo" --train "manager GRPO=runs/cpu_lift/manager-grpo" \\
+        --base "Answer Agent, base" --trained "Answer Agent, GRPO" --commands runs/cpu_lift/commands.tsv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import random
+import re
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from statistics import mean
+
+from rich.console import Console
+from rich.table import Table
+
+from memr1.datasets.registry import category_names
+from memr1.metrics.lexical import token_f1
+
+SCORES = (("f1", "F1"), ("bleu1", "BLEU-1"), ("em", "EM"))
+LENGTH_BUCKETS = ("0", "1", "2", "3", "4", "5", "6", "7-10", "11-20", ">20")
+# train.log lines start with Hydra's "[2026-11-30 04:49:31,335][logger][LEVEL] - ..."
+LOG_TIMESTAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3})\]")
+# Validation keys in the order that picks a run's headline score (Answer runs log F1, Manager runs reward).
+PRIMARY_VAL_KEYS = ("val/f1", "val/reward")
+SAMPLE_CELL_CHARS = 120
+# Pipeline order for the s/step columns; stages not named here follow alphabetically.
+STAGE_ORDER = ("rollout", "reward", "update")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    label: str
+    path: Path
+
+
+def parse_spec(text: str) -> RunSpec:
+    """`LABEL=DIR`; the label may hold commas and spaces, so the split is on the last '='."""
+    label, sep, path = text.rpartition("=")
+    if not sep or not label.strip() or not path.strip():
+        raise argparse.ArgumentTypeError(f"expected LABEL=DIR, got {text!r}")
+    return RunSpec(label.strip(), Path(path.strip()))
+
+
+def require(path: Path, what: str) -> Path:
+    if not path.is_file():
+        raise SystemExit(f"error: {what}: missing file {path}")
+    return path
+
+
+def read_json(path: Path, what: str) -> dict:
+    try:
+        return json.loads(require(path, what).read_text())
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"error: {what}: {path} is not valid JSON ({error})") from error
+
+
+def read_predictions(path: Path, what: str) -> list[dict]:
+    rows = []
+    for number, line in enumerate(require(path, what).read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise SystemExit(f"error: {what}: {path}:{number} is not valid JSON ({error})") from error
+    if not rows:
+        raise SystemExit(f"error: {what}: {path} holds no predictions")
+    return rows
+
+
+def read_commands(path: Path | None) -> dict[str, str]:
+    if path is None:
+        return {}
+    commands = {}
+    for number, line in enumerate(require(path, "--commands").read_text().splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        label, sep, command = line.partition("\t")
+        if not sep:
+            raise SystemExit(f"error: --commands: {path}:{number} has no TAB between label and command")
+        commands[label.strip()] = command.strip()
+    return commands
+
+
+def word_count(prediction: object) -> int:
+    return len(str(prediction).split())
+
+
+def length_bucket(words: int) -> str:
+    if words <= 6:
+        return str(words)
+    return "7-10" if words <= 10 else "11-20" if words <= 20 else ">20"
+
+
+def length_distribution(predictions: Sequence[dict]) -> dict[str, dict[str, float]]:
+    counts = dict.fromkeys(LENGTH_BUCKETS, 0)
+    for row in predictions:
+        counts[length_bucket(word_count(row["prediction"]))] += 1
+    return {"counts": counts, "percent": {bucket: 100.0 * n / len(predictions) for bucket, n in counts.items()}}
+
+
+# --- evaluation rows ---------------------------------------------------------------------------
+
+
+def eval_row(spec: RunSpec, command: str | None) -> tuple[dict, list[dict]]:
+    """The report row of one evaluation run dir, and its predictions."""
+    what = f"--eval {spec.label!r}"
+    report = read_json(spec.path / "report.json", what)
+    predictions = read_predictions(spec.path / "predictions.jsonl", what)
+    scores, settings = report["scores"], report["settings"]
+    names = category_names(settings["data"])
+    categories = sorted(int(key.split("cat")[1]) for key in scores if key.startswith("count/cat"))
+    answer_latency = report["latency"]["answer"]
+    answer, manager = settings["answer"], settings["manager"]
+    row = {
+        "label": spec.label,
+        "dir": str(spec.path),
+        "count": int(scores["count"]),
+        **{key: scores[key] for key, _ in SCORES},
+        "per_category": {
+            str(category): {
+                "name": names.get(category, str(category)),
+                "count": int(scores[f"count/cat{category}"]),
+                **{key: scores[f"{key}/cat{category}"] for key, _ in SCORES},
+            }
+            for category in categories
+        },
+        "format_error_rate": scores["format_error_rate"],
+        "mean_answer_words": scores["mean_answer_words"],
+        "wall_time_s": settings["wall_time_s"],
+        "answer_latency_s": {"p50": answer_latency["p50_s"], "p95": answer_latency["p95_s"]},
+        "settings": {
+            "ckpt": settings["ckpt"],
+            "k_per_speaker": answer["k_per_speaker"],
+            "max_new_tokens": answer["max_new_tokens"],
+            "distill": answer["distill"],
+            "manager": manager["kind"],
+            "manager_ckpt": manager.get("ckpt"),
+            "memory": settings["memory"],
+            "split": settings["split"],
+        },
+        "length_distribution": length_distribution(predictions),
+    }
+    if command is not None:
+        row["command"] = command
+    return row, predictions
+
+
+def deltas(base: Mapping, trained: Mapping) -> dict[str, float]:
+    return {key: trained[key] - base[key] for key, _ in SCORES}
+
+
+def sample_predictions(base: Sequence[dict], trained: Sequence[dict], count: int, seed: int) -> list[dict]:
+    """`count` question ids drawn with `seed` from those both runs answered, in id order of the draw."""
+    base_by_id = {row["qid"]: row for row in base}
+    trained_by_id = {row["qid"]: row for row in trained}
+    shared = sorted(base_by_id.keys() & trained_by_id.keys())
+    if not shared:
+        raise SystemExit("error: --base and --trained predictions share no question id (qid)")
+    chosen = random.Random(seed).sample(shared, min(count, len(shared)))
+    samples = []
+    for qid in chosen:
+        before, after = base_by_id[qid], trained_by_id[qid]
+        samples.append(
+            {
+                "qid": qid,
+                "category": before.get("category"),
+                "question": before["question"],
+                "gold": before["gold"],
+                "base": before["prediction"],
+                "trained": after["prediction"],
+                "base_f1": 100.0 * token_f1(before["prediction"], before["gold"]),
+                "trained_f1": 100.0 * token_f1(after["prediction"], after["gold"]),
+            }
+        )
+    return samples
+
+
+# --- training runs -----------------------------------------------------------------------------
+
+
+def read_metrics_csv(path: Path, what: str) -> list[dict[str, float]]:
+    """Rows of Lightning's CSVLogger with the empty cells dropped and the rest as floats."""
+    with require(path, what).open(newline="") as handle:
+        return [{key: float(value) for key, value in row.items() if value not in ("", None)} for row in csv.DictReader(handle)]
+
+
+def log_wall_time_s(path: Path) -> float | None:
+    """Seconds between the first and last timestamped lines of train.log; None with fewer than two."""
+    if not path.is_file():
+        return None
+    stamps = [match.group(1) for line in path.read_text().splitlines() if (match := LOG_TIMESTAMP.match(line))]
+    if len(stamps) < 2:
+        return None
+    first, last = (datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f") for stamp in (stamps[0], stamps[-1]))
+    return (last - first).total_seconds()
+
+
+def quarter_means(values: Sequence[float], scale: float = 1.0) -> dict[str, float | None]:
+    """Means (times `scale`) over the first and last quarter (at least one value each) of `values`."""
+    if not values:
+        return {"first_quarter": None, "last_quarter": None}
+    size = max(1, math.ceil(len(values) / 4))
+    return {"first_quarter": scale * mean(values[:size]), "last_quarter": scale * mean(values[-size:])}
+
+
+def stage_key(stage: str) -> tuple[int, str]:
+    return (STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER), stage)
+
+
+def train_summary(spec: RunSpec, command: str | None) -> dict:
+    what = f"--train {spec.label!r}"
+    curves = read_json(spec.path / "curves.json", what)
+    # Rows with reward/mean are the training steps; the others are lr or validation rows.
+    step_rows = [row for row in read_metrics_csv(spec.path / "csv" / "metrics.csv", what) if "reward/mean" in row]
+    reward_by_step = curves["train"].get("reward/mean", [])
+    steps = len(reward_by_step) or len(step_rows)
+    # time/rollout_tokens_per_s also ends in _s but is a rate, not a stage's seconds.
+    stage_columns = sorted(
+        {key for row in step_rows for key in row if key.startswith("time/") and key.endswith("_s") and not key.endswith("_per_s")}
+    )
+    seconds_per_step = {
+        column.removeprefix("time/").removesuffix("_s"): mean(row[column] for row in step_rows if column in row)
+        for column in stage_columns
+    }
+    wall_time_s = log_wall_time_s(spec.path / "train.log")
+    wall_time_source = "train.log"
+    if wall_time_s is None:
+        wall_time_s = sum(row.get(column, 0.0) for row in step_rows for column in stage_columns)
+        wall_time_source = "csv (sum of time/*_s, excludes validation)"
+    val = curves["val"]
+    primary = next((key for key in PRIMARY_VAL_KEYS if val.get(key)), None)
+    best = max(val[primary], key=lambda point: point[1]) if primary else None
+
+    def column(name: str) -> list[float]:
+        return [row[name] for row in step_rows if name in row]
+
+    summary = {
+        "label": spec.label,
+        "dir": str(spec.path),
+        "steps": steps,
+        "wall_time_s": wall_time_s,
+        "wall_time_source": wall_time_source,
+        "seconds_per_step": seconds_per_step,
+        "reward_mean_by_step": reward_by_step,
+        "val_by_step": val,
+        "primary_val": primary,
+        "best_val": {"key": primary, "value": best[1], "step": best[0]} if best else None,
+        "reward_mean": quarter_means([value for _, value in reward_by_step]),
+        # Logged as fractions; percent here, like the evaluation rows' format_error_rate.
+        "zero_std_group_pct": quarter_means(column("reward/zero_std_group_frac"), 100.0),
+        "format_error_pct": quarter_means(column("response/format_error_rate"), 100.0),
+    }
+    if command is not None:
+        summary["command"] = command
+    return summary
+
+
+# --- markdown ----------------------------------------------------------------------------------
+
+
+def cell(value: object, limit: int | None = None) -> str:
+    """`value` as one markdown table cell: no newlines, pipes escaped, optionally shortened."""
+    text = " ".join(str(value).split())
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text.replace("|", "\\|")
+
+
+def number(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def table(header: Sequence[str], align: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def scores_table(rows: Sequence[dict]) -> str:
+    header = ["Run", "n", *(title for _, title in SCORES), "Format errors %", "Mean words", "Wall time (min)"]
+    body = [
+        [
+            cell(row["label"]),
+            str(row["count"]),
+            *(number(row[key]) for key, _ in SCORES),
+            number(row["format_error_rate"], 1),
+            number(row["mean_answer_words"], 1),
+            number(row["wall_time_s"] / 60, 1),
+        ]
+        for row in rows
+    ]
+    return table(header, ["---", "---:", *["---:"] * (len(SCORES) + 3)], body)
+
+
+def deltas_table(base: str, trained: str, delta: Mapping[str, float]) -> str:
+    return table(
+        ["Δ", *(title for _, title in SCORES)],
+        ["---", *["---:"] * len(SCORES)],
+        [[cell(f"{trained} − {base}"), *(f"{delta[key]:+.2f}" for key, _ in SCORES)]],
+    )
+
+
+def category_table(rows: Sequence[dict]) -> str:
+    categories = sorted({int(c) for row in rows for c in row["per_category"]})
+    names = {}
+    for row in rows:
+        for category, entry in row["per_category"].items():
+            names.setdefault(int(category), f"{category} {entry['name']} (n={entry['count']})")
+    body = [
+        [cell(row["label"]), *(number(row["per_category"].get(str(c), {}).get("f1")) for c in categories), number(row["f1"])]
+        for row in rows
+    ]
+    return table(["Run (F1)", *(names[c] for c in categories), "Overall"], ["---", *["---:"] * (len(categories) + 1)], body)
+
+
+def length_table(rows: Sequence[dict]) -> str:
+    body = [[cell(row["label"]), *(number(row["length_distribution"]["percent"][b], 1) for b in LENGTH_BUCKETS)] for row in rows]
+    return table(["Run (% of answers by word count)", *LENGTH_BUCKETS], ["---", *["---:"] * len(LENGTH_BUCKETS)], body)
+
+
+def samples_table(samples: Sequence[dict]) -> str:
+    body = [
+        [
+            cell(s["question"], SAMPLE_CELL_CHARS),
+            cell(s["gold"], SAMPLE_CELL_CHARS),
+            f"{cell(s['base'], SAMPLE_CELL_CHARS)} (F1 {s['base_f1']:.0f})",
+            f"{cell(s['trained'], SAMPLE_CELL_CHARS)} (F1 {s['trained_f1']:.0f})",
+        ]
+        for s in samples
+    ]
+    return table(["Question", "Gold", "Base", "Trained"], ["---"] * 4, body)
+
+
+def training_table(runs: Sequence[dict]) -> str:
+    stages = sorted({stage for run in runs for stage in run["seconds_per_step"]}, key=stage_key)
+
+    def quarters(entry: Mapping[str, float | None], digits: int) -> str:
+        return f"{number(entry['first_quarter'], digits)} → {number(entry['last_quarter'], digits)}"
+
+    body = []
+    for run in runs:
+        best = run["best_val"]
+        body.append(
+            [
+                cell(run["label"]),
+                str(run["steps"]),
+                number(run["wall_time_s"] / 60, 1),
+                *(number(run["seconds_per_step"].get(stage), 1) for stage in stages),
+                quarters(run["reward_mean"], digits=3),
+                quarters(run["zero_std_group_pct"], 0),
+                quarters(run["format_error_pct"], 0),
+                f"{best['key']} {best['value']:.2f} @ {best['step']}" if best else "–",
+            ]
+        )
+    header = [
+        "Run",
+        "Steps",
+        "Wall time (min)",
+        *(f"{stage} s/step" for stage in stages),
+        "reward/mean (first → last ¼)",
+        "zero-std groups % (first → last ¼)",
+        "format errors % (first → last ¼)",
+        "Best val @ step",
+    ]
+    return table(header, ["---", *["---:"] * (len(header) - 1)], body)
+
+
+def markdown(report: dict) -> str:
+    base, trained = report["comparison"]["base"], report["comparison"]["trained"]
+    sections = [
+        ("Scores (0-100)", scores_table(report["eval"]) + "\n\n" + deltas_table(base, trained, report["comparison"]["deltas"])),
+        ("F1 by category", category_table(report["eval"])),
+        ("Answer length", length_table(report["eval"])),
+        (f"Samples: {base} vs {trained} (seed {report['comparison']['seed']})", samples_table(report["comparison"]["samples"])),
+        ("Training", training_table(report["train"])),
+    ]
+    return "\n\n".join(f"### {title}\n\n{body}" for title, body in sections) + "\n"
+
+
+# --- figure ------------------------------------------------------------------------------------
+
+
+def plot_training(runs: Sequence[dict], path: Path) -> None:
+    """One panel per run: reward/mean by step (line, left axis), the primary val score (markers, right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    columns = min(len(runs), 3)
+    rows = math.ceil(len(runs) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.8 * rows), squeeze=False)
+    for axis, run in zip(axes.flat, runs):
+        if run["reward_mean_by_step"]:
+            steps, rewards = zip(*run["reward_mean_by_step"])
+            axis.plot(steps, rewards, color="tab:blue", label="reward/mean")
+        axis.set_xlabel("step")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.set_ylabel("reward/mean", color="tab:blue")
+        axis.set_title(run["label"])
+        if run["primary_val"]:
+            steps, values = zip(*run["val_by_step"][run["primary_val"]])
+            right = axis.twinx()
+            right.plot(steps, values, color="tab:orange", marker="o", linestyle="--", label=run["primary_val"])
+            right.set_ylabel(run["primary_val"], color="tab:orange")
+    for axis in list(axes.flat)[len(runs) :]:
+        axis.set_visible(False)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def print_summary(console: Console, rows: Sequence[dict], delta: Mapping[str, float], trained: str) -> None:
+    summary = Table(title="CPU lift: evaluation rows")
+    for name in ("run", "n", *(title for _, title in SCORES), "format err %", "mean words", "wall min"):
+        summary.add_column(name, justify="left" if name == "run" else "right")
+    for row in rows:
+        summary.add_row(
+            row["label"],
+            str(row["count"]),
+            *(f"{row[key]:.2f}" for key, _ in SCORES),
+            f"{row['format_error_rate']:.1f}",
+            f"{row['mean_answer_words']:.1f}",
+            f"{row['wall_time_s'] / 60:.1f}",
+        )
+    summary.add_row(f"Δ {trained}", "", *(f"{delta[key]:+.2f}" for key, _ in SCORES), "", "", "")
+    console.print(summary)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run_dir = {"type": parse_spec, "action": "append", "required": True, "metavar": "LABEL=DIR"}
+    parser.add_argument("--eval", help="an evaluate.py run dir (repeatable, order kept)", **run_dir)
+    parser.add_argument("--train", help="a train.py run dir (repeatable)", **run_dir)
+    parser.add_argument("--base", required=True, help="the --eval label compared against")
+    parser.add_argument("--trained", required=True, help="the --eval label compared with --base")
+    parser.add_argument("--commands", type=Path, help="label<TAB>command lines: the command behind each run")
+    parser.add_argument("--samples", type=int, default=20, help="sample questions shown for --base vs --trained")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sample question draw")
+    parser.add_argument("--json", type=Path, default=Path("docs/cpu_lift.json"))
+    parser.add_argument("--markdown-out", type=Path, default=Path("docs/cpu_lift_tables.md"))
+    parser.add_argument("--figure", type=Path, default=Path("docs/cpu_lift_curves.png"))
+    args = parser.parse_args()
+
+    labels = [spec.label for spec in args.eval + args.train]
+    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicates:
+        parser.error(f"labels must be unique across --eval and --train: {duplicates}")
+    eval_labels = [spec.label for spec in args.eval]
+    for option, label in (("--base", args.base), ("--trained", args.trained)):
+        if label not in eval_labels:
+            parser.error(f"{option} {label!r} is not an --eval label; expected one of {eval_labels}")
+    console = Console(width=150)
+    commands = read_commands(args.commands)
+    for label in sorted(commands.keys() - set(labels)):
+        console.print(f"[yellow]warning: --commands label {label!r} matches no --eval or --train label")
+
+    evaluated = [eval_row(spec, commands.get(spec.label)) for spec in args.eval]
+    rows = [row for row, _ in evaluated]
+    predictions = {row["label"]: rows_predictions for row, rows_predictions in evaluated}
+    base_row, trained_row = (next(row for row in rows if row["label"] == label) for label in (args.base, args.trained))
+    delta = deltas(base_row, trained_row)
+    report = {
+        "generated_by": shlex.join([sys.executable, *sys.argv]),
+        "eval": rows,
+        "comparison": {
+            "base": args.base,
+            "trained": args.trained,
+            "deltas": delta,
+            "seed": args.seed,
+            "samples": sample_predictions(predictions[args.base], predictions[args.trained], args.samples, args.seed),
+        },
+        "train": [train_summary(spec, commands.get(spec.label)) for spec in args.train],
+    }
+
+    for path in (args.json, args.markdown_out):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False))
+    args.markdown_out.write_text(markdown(report))
+    plot_training(report["train"], args.figure)
+    print_summary(console, rows, delta, args.trained)
+    console.print(f"wrote {args.json}, {args.markdown_out}, {args.figure}")
+
+
+if __name__ == "__main__":
+    main()
