@@ -77,7 +77,9 @@ def build_policy(cfg: DictConfig) -> tuple[torch.nn.Module, Any]:
     dtype = cfg.backbone.dtype
     model, tokenizer = load_policy(cfg.backbone.name_or_path, dtype=dtype)
     if cfg.lora.enabled:
-        model = apply_lora(model, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, list(cfg.lora.target_modules))
+        model = apply_lora(
+            model, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, list(cfg.lora.target_modules), top_layers=cfg.lora.top_layers
+        )
     model.train()
     return model, tokenizer
 
@@ -87,7 +89,15 @@ def build_critic(cfg: DictConfig) -> torch.nn.Module:
     backbone, _ = load_policy(cfg.backbone.name_or_path, dtype=cfg.backbone.dtype)
     critic: torch.nn.Module = ValueModel(backbone)
     if cfg.lora.enabled:
-        critic = apply_lora(critic, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, list(cfg.lora.target_modules), modules_to_save=["value_head"])
+        critic = apply_lora(
+            critic,
+            cfg.lora.r,
+            cfg.lora.alpha,
+            cfg.lora.dropout,
+            list(cfg.lora.target_modules),
+            modules_to_save=["value_head"],
+            top_layers=cfg.lora.top_layers,
+        )
     return critic.train()
 
 

@@ -188,6 +188,21 @@ def test_lora_trains_only_adapters_and_starts_as_the_base(tokenizer):
     assert torch.allclose(logits_of(policy, input_ids), expected, atol=1e-6)  # lora_B starts at zero
 
 
+def test_lora_top_layers_adapts_only_the_last_layers_and_backward_stops_there(tokenizer):
+    model = tiny_causal_lm(tokenizer)
+    total = model.config.num_hidden_layers
+    policy = apply_lora(model, r=2, dropout=0.0, target_modules=["q_proj"], top_layers=1)
+    trainable = [name for name, parameter in policy.named_parameters() if parameter.requires_grad]
+    assert trainable and all(f"layers.{total - 1}." in name for name in trainable)
+    reached: list[int] = []
+    for index, layer in enumerate(policy.base_model.model.model.layers):
+        layer.register_full_backward_pre_hook(lambda module, grad, index=index: reached.append(index))
+    policy(torch.tensor([[1, 2, 3, 4]])).logits.sum().backward()
+    assert reached == [total - 1]
+    with pytest.raises(ValueError, match=r"top_layers must be in \[1, "):
+        apply_lora(tiny_causal_lm(tokenizer), top_layers=total + 1)
+
+
 def test_lora_value_model_trains_adapters_and_head(tokenizer):
     critic = apply_lora(
         ValueModel(tiny_causal_lm(tokenizer)), r=2, target_modules=["q_proj"], modules_to_save=["value_head"]
