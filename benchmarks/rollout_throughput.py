@@ -1,15 +1,22 @@
 """Rollout throughput of the `hf` generation engine (memr1.llm.engines.HFEngine) on the embedded
-SmolLM2-135M-Instruct, by batch size, beside a plain `model.generate` loop and the machine's roofline.
+SmolLM2-135M-Instruct, by batch size and group size, beside a plain `model.generate` loop and the
+machine's roofline.
 
-Each batch size b gets b distinct Answer-Agent prompts (`AnswerAgent.build_messages` over synthetic
-memories of two speakers, ~440 prompt tokens each) and samples at temperature 1.0, top-p 1.0 with a
-fixed seed, up to `--max-new-tokens`. Rows that emit EOS stop early, so throughput counts the tokens
-actually produced (EOS included); "total" counts prompt + generated tokens. Tokens/s are summed over
-the repeats (tokens / seconds); "p50 s/batch" is the median time of one call.
+A batch of b rows with group size G (`--group-sizes`, GRPO's samples per prompt) is b/G distinct
+Answer-Agent prompts (`AnswerAgent.build_messages` over synthetic memories of two speakers, ~440 prompt
+tokens each) x G samples; batch sizes not divisible by G are skipped. G=1 is the plain case (b distinct
+prompts); G>1 shows the engine prefilling each distinct prompt once and copying its KV cache to its G
+samples. Sampling is at temperature 1.0, top-p 1.0 with a fixed seed, up to `--max-new-tokens`. Rows
+that emit EOS stop early, so throughput counts the tokens actually produced (EOS included); "total"
+counts prompt + generated tokens, each distinct prompt once. Tokens/s are summed over the repeats
+(tokens / seconds); "p50 s/batch" is the median time of one call.
 
-- engine: `build_engine("hf", batch_size=b).generate(prompts, SamplingConfig(...))`, one batch of b.
-- generate(): `model.generate` on the same left-padded prompt ids, do_sample, top_k 0 (transformers
-  would otherwise apply its default top-k 50), same max_new_tokens and EOS ids, global seed.
+- engine: `build_engine("hf", batch_size=b).generate(prompts, SamplingConfig(n=G, ...))`, one batch of
+  b rows (b/G prompts).
+- generate(): `model.generate` on the same left-padded prompt ids (b/G of them) with
+  `num_return_sequences=G`, do_sample, top_k 0 (transformers would otherwise apply its default top-k 50),
+  same max_new_tokens and EOS ids, global seed. transformers expands the prompts to b rows before the
+  prefill, so it prefills every row: the G>1 rows show what sharing the prefill buys.
   Engine and generate() alternate inside each repeat, so load swings hit both.
   "engine / generate()" = ratio of their generated tok/s (above 1: the engine is faster).
 - roofline, measured in the same run with the model's torch thread count: FLOP/s of a float32
@@ -22,13 +29,13 @@ the repeats (tokens / seconds); "p50 s/batch" is the median time of one call.
   "compute-bound" = FLOP/s / FLOPs per decode token; "bandwidth-bound" = b x bandwidth / bytes per
   step (both decode-only, at the run's mean context). "engine % of bound" = ideal time / mean engine
   time, where the ideal time for the exact work of the batch (the engine's own token counts) is its
-  prefill FLOPs / FLOP/s (prompt tokens; the LM head on each row's last token only, as the engine
-  does) plus, for every decode step, the slower of its compute and its memory traffic: prefill is
-  compute-bound, decode takes min(compute-bound, bandwidth-bound) tok/s.
+  prefill FLOPs / FLOP/s (the b/G distinct prompts' tokens; the LM head on each prompt's last token
+  only, as the engine does) plus, for every decode step over all b rows, the slower of its compute and
+  its memory traffic: prefill is compute-bound, decode takes min(compute-bound, bandwidth-bound) tok/s.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/rollout_throughput.py --quick          # ~1-2 min
-    .venv/bin/python benchmarks/rollout_throughput.py --out rollout_throughput.json       # 1 4 8 16, 64 tokens
-    .venv/bin/python benchmarks/rollout_throughput.py --batch-sizes 1 8 --max-new-tokens 32 --threads 2
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/rollout_throughput.py --quick      # b 4 x G 1 4, ~1-2 min
+    .venv/bin/python benchmarks/rollout_throughput.py --out rollout_throughput.json   # b 1 4 8 16 x G 1 4, 64 tok
+    .venv/bin/python benchmarks/rollout_throughput.py --batch-sizes 8 --group-sizes 1 8 --max-new-tokens 32
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -190,14 +197,21 @@ class ModelShape:
 
 
 def ideal_seconds(
-    shape: ModelShape, prompt_lengths: list[int], generated: list[int], flops: float, bandwidth: float
+    shape: ModelShape,
+    prompt_lengths: list[int],
+    generated: list[int],
+    group_size: int,
+    flops: float,
+    bandwidth: float,
 ) -> float:
-    """Lower bound on the time of this batch's work: compute-bound prefill (which yields each row's
-    first token), then each decode step at the slower of its compute and its memory traffic, over the
-    rows still generating."""
+    """Lower bound on the time of this batch's work: compute-bound prefill of each distinct prompt
+    (`prompt_lengths`; its logits give the first token of its `group_size` rows), then each decode step
+    at the slower of its compute and its memory traffic, over the rows still generating. `generated`
+    is per row, prompt-major (a prompt's G samples side by side)."""
     total = sum(shape.prefill_flops(length) for length in prompt_lengths) / flops
+    row_lengths = [length for length in prompt_lengths for _ in range(group_size)]
     for step in range(1, max(generated)):
-        contexts = [length + step for length, count in zip(prompt_lengths, generated) if count > step]
+        contexts = [length + step for length, count in zip(row_lengths, generated, strict=True) if count > step]
         compute = sum(shape.decode_flops(context) for context in contexts) / flops
         total += max(compute, shape.decode_step_bytes(contexts) / bandwidth)
     return total
@@ -207,18 +221,18 @@ def ideal_seconds(
 
 
 def run_engine(engine: HFEngine, prompts: list[ChatMessages], sampling: SamplingConfig) -> tuple[float, list[int]]:
-    """Seconds for one `engine.generate` call and the tokens each row produced."""
+    """Seconds for one `engine.generate` call and the tokens each row produced (prompt-major)."""
     start = time.perf_counter()
     generations = engine.generate(prompts, sampling)
     seconds = time.perf_counter() - start
-    return seconds, [len(samples[0].response_ids) for samples in generations]
+    return seconds, [len(sample.response_ids) for samples in generations for sample in samples]
 
 
 def run_generate(
     model: PreTrainedModel, prompt_ids: list[list[int]], sampling: SamplingConfig, pad_id: int, eos_ids: list[int]
 ) -> tuple[float, list[int]]:
-    """Seconds for one `model.generate` call on the left-padded prompts and the tokens each row produced
-    (up to and including its first EOS: later columns are padding)."""
+    """Seconds for one `model.generate` call on the left-padded prompts, `sampling.n` sequences each, and
+    the tokens each row produced (up to and including its first EOS: later columns are padding)."""
     input_ids, attention_mask = left_pad(prompt_ids, pad_id)
     torch.manual_seed(sampling.seed)
     start = time.perf_counter()
@@ -231,6 +245,7 @@ def run_generate(
             top_p=sampling.top_p,
             top_k=0,
             max_new_tokens=sampling.max_new_tokens,
+            num_return_sequences=sampling.n,
             pad_token_id=pad_id,
             eos_token_id=eos_ids,
         )
@@ -271,15 +286,19 @@ def run_batch_size(
             "total_tok_per_s": (generated + repeats * sum(prompt_lengths)) / sum(seconds),
         }
 
-    batch = len(prompts)
+    group_size = sampling.n
+    batch = len(prompts) * group_size
     mean_context = statistics.mean(prompt_lengths) + sampling.max_new_tokens / 2
     # The engine's own token counts (it samples from its own generator) fix the work it had to do.
     ideal = statistics.mean(
-        ideal_seconds(shape, prompt_lengths, produced, flops, bandwidth) for _, produced in engine_runs
+        ideal_seconds(shape, prompt_lengths, produced, group_size, flops, bandwidth)
+        for _, produced in engine_runs
     )
     engine_stats, generate_stats = summary(engine_runs), summary(generate_runs)
     return {
         "batch": batch,
+        "group_size": group_size,
+        "distinct_prompts": len(prompts),
         "prompt_tokens_mean": statistics.mean(prompt_lengths),
         "engine": engine_stats,
         "generate": generate_stats,
@@ -299,13 +318,14 @@ def run_batch_size(
 
 def render(results: list[dict], max_new_tokens: int, threads: int) -> Table:
     table = Table(title=f"HF engine rollouts: {MODEL}, fp32, {max_new_tokens} new tokens, {threads} torch threads")
-    for column in ("batch", "prompt tok", "engine gen tok/s", "engine total tok/s", "generate() gen tok/s",
+    for column in ("batch", "G", "prompt tok", "engine gen tok/s", "engine total tok/s", "generate() gen tok/s",
                    "engine / generate()", "compute-bound tok/s", "bandwidth-bound tok/s", "engine % of bound",
                    "engine p50 s/batch"):
         table.add_column(column, justify="right")
     for r in results:
         table.add_row(
             str(r["batch"]),
+            str(r["group_size"]),
             f"{r['prompt_tokens_mean']:.0f}",
             f"{r['engine']['gen_tok_per_s']:.1f}",
             f"{r['engine']['total_tok_per_s']:.0f}",
@@ -322,17 +342,19 @@ def render(results: list[dict], max_new_tokens: int, threads: int) -> Table:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
+    parser.add_argument("--group-sizes", type=int, nargs="+", default=[1, 4], metavar="G",
+                        help="samples per distinct prompt (GRPO's group); each batch size runs with each G")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per batch size, of each generator")
-    parser.add_argument("--quick", action="store_true", help="batch sizes 1 4, 16 new tokens, 1 repeat")
+    parser.add_argument("--quick", action="store_true", help="batch size 4, G 1 4, 16 new tokens, 1 repeat")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: leave torch's setting)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args()
     if args.quick:
-        args.batch_sizes, args.max_new_tokens, args.repeats = [1, 4], 16, 1
-    if min(args.batch_sizes) < 1 or args.max_new_tokens < 1 or args.repeats < 1:
-        parser.error("--batch-sizes, --max-new-tokens and --repeats must be positive")
+        args.batch_sizes, args.group_sizes, args.max_new_tokens, args.repeats = [4], [1, 4], 16, 1
+    if min(args.batch_sizes + args.group_sizes) < 1 or args.max_new_tokens < 1 or args.repeats < 1:
+        parser.error("--batch-sizes, --group-sizes, --max-new-tokens and --repeats must be positive")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
@@ -344,20 +366,29 @@ def main() -> None:
     flops, bandwidth = matmul_flops_per_s(), copy_bytes_per_s()
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=1.0, seed=args.seed)
 
-    # Warm-up: the first forward passes pay one-off allocation and kernel selection costs.
+    # Warm-up: the first forward passes pay one-off allocation and kernel selection costs (for G>1 also
+    # the KV cache copy and transformers' prompt expansion).
     warm_prompts = answer_prompts(1, args.seed)
-    warm_sampling = SamplingConfig(max_new_tokens=2, seed=args.seed)
-    warm_engine = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=1)
-    run_engine(warm_engine, warm_prompts, warm_sampling)
-    run_generate(model, encode_prompts(tokenizer, warm_prompts), warm_sampling, tokenizer.pad_token_id,
-                 sorted(warm_engine.eos_token_ids))
+    for group_size in sorted(set(args.group_sizes)):
+        warm_sampling = SamplingConfig(max_new_tokens=2, n=group_size, seed=args.seed)
+        warm_engine = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=group_size)
+        run_engine(warm_engine, warm_prompts, warm_sampling)
+        run_generate(model, encode_prompts(tokenizer, warm_prompts), warm_sampling, tokenizer.pad_token_id,
+                     sorted(warm_engine.eos_token_ids))
 
     results = []
     for batch in args.batch_sizes:
-        console.log(f"batch {batch} ...")
-        engine = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=batch)
-        prompts = answer_prompts(batch, args.seed)
-        results.append(run_batch_size(model, engine, prompts, sampling, args.repeats, shape, flops, bandwidth))
+        for group_size in args.group_sizes:
+            if batch % group_size:
+                console.log(f"batch {batch}, G {group_size}: skipped (batch not divisible by G)")
+                continue
+            console.log(f"batch {batch}, G {group_size} ...")
+            engine = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=batch)
+            prompts = answer_prompts(batch // group_size, args.seed)
+            group_sampling = replace(sampling, n=group_size)
+            results.append(
+                run_batch_size(model, engine, prompts, group_sampling, args.repeats, shape, flops, bandwidth)
+            )
     load_after = os.getloadavg()[0]
 
     threads = torch.get_num_threads()
@@ -388,6 +419,7 @@ def main() -> None:
             "lm_head_params": shape.lm_head_params,
         }
         settings = {"model": MODEL, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+                    "batch_sizes": args.batch_sizes, "group_sizes": args.group_sizes,
                     "seed": args.seed, "temperature": 1.0, "top_p": 1.0,
                     "memories_per_speaker": MEMORIES_PER_SPEAKER}
         report = {"machine": machine, "settings": settings, "roofline": roofline, "results": results}
