@@ -35,8 +35,13 @@ test: $(STAMP)
 test-vllm: $(STAMP)
 	bash scripts/vllm_cpu_env.sh
 
+# The tables of docs/performance.md; each writes its JSON under runs/bench/ (about an hour on 2 cores).
 bench: $(STAMP)
-	$(PY) benchmarks/bank_search.py
+	mkdir -p runs/bench
+	$(PY) benchmarks/bank_search.py --out runs/bench/bank_search.json
+	$(PY) benchmarks/rollout_throughput.py --out runs/bench/rollout_throughput.json
+	$(PY) benchmarks/train_step.py --out runs/bench/train_step.json
+	$(PY) benchmarks/eval_throughput.py --out runs/bench/eval_throughput.json
 
 clean:
 	rm -rf $(VENV) outputs runs .cache
