@@ -1,5 +1,7 @@
 """One RL update step of `RLModule` (GRPO and PPO) on the embedded SmolLM2-135M-Instruct: seconds and
-peak memory by group size and response length, with LoRA and without.
+peak memory by group size and response length, under three fine-tuning modes: `full` (no LoRA),
+`lora` (adapters on every decoder layer) and `lora-top` (adapters on the last `--top-layers` only,
+`lora.top_layers`, as the CPU lift experiment trains: backward stops at the lowest adapted layer).
 
 What is timed is the module's own step after the rollout: `_score_batch` (reference log-probs for
 GRPO's KL, critic values for PPO), `_advantages` and `_update` (policy loss, KL, backward, optimiser
@@ -12,20 +14,21 @@ GRPO so that the two compare at equal tokens.
 
 The module is the one `train.py` builds (`memr1.training.build_module` from `conf/train.yaml`,
 `model=answer`, `trainer=cpu`: LoRA with the config's rank, a frozen reference copy for full GRPO,
-a critic on its own backbone for PPO) and runs inside a real Lightning `Trainer.fit` (CPU), one warm-up
-step then `--repeats` timed steps. `--old-logprobs rollout` (the default, `engine=hf`) hands the step
-the sampler's log-probs as the HF engine does, computed before the clock starts; `recompute` makes
-`_score_batch` recompute them, as it does after vLLM sampling.
+a critic on its own backbone for PPO, adapted like the policy) and runs inside a real Lightning
+`Trainer.fit` (CPU), one warm-up step then `--repeats` timed steps. `--old-logprobs rollout` (the
+default, `engine=hf`) hands the step the sampler's log-probs as the HF engine does, computed before the
+clock starts; `recompute` makes `_score_batch` recompute them, as it does after vLLM sampling.
 
 Each configuration runs in its own subprocess, so memory does not carry over: "peak RSS" is the peak
 resident memory during the steps (the high-water mark is reset once the models are loaded and their
 weights paged in) and "step Δ RSS" that peak minus the resident memory after loading: activations,
 gradients and AdamW state.
-Ratios compare PPO with GRPO, and full fine-tuning with LoRA, at the same shape in the same run.
+Ratios compare, at the same shape in the same run, PPO with GRPO (same mode) and full fine-tuning and
+LoRA-top with LoRA on all layers (same algorithm): seconds per step and step Δ RSS.
 
-    .venv/bin/python benchmarks/train_step.py --quick                  # grpo + ppo, G=2, P=64, L=16, LoRA
-    .venv/bin/python benchmarks/train_step.py --out train_step.json    # the full grid (16 configurations)
-    .venv/bin/python benchmarks/train_step.py --algos grpo --lora on --group-sizes 8 --response-lengths 128
+    .venv/bin/python benchmarks/train_step.py --quick                  # grpo, G=2, P=64, L=16, lora + lora-top
+    .venv/bin/python benchmarks/train_step.py --out train_step.json    # the full grid (24 configurations)
+    .venv/bin/python benchmarks/train_step.py --algos grpo --lora lora lora-top --top-layers 10 --group-sizes 8
 """
 
 from __future__ import annotations
@@ -53,12 +56,14 @@ from rich.table import Table  # noqa: E402
 CONF = Path(__file__).resolve().parents[1] / "conf"
 RESULT_PREFIX = "TRAIN_STEP_RESULT "  # marks the child's result line among Lightning's output
 GIB = 1024**3
+LORA_MODES = ("full", "lora", "lora-top")  # no LoRA; adapters on every layer; on the last --top-layers only
 
 
 @dataclass(frozen=True)
 class StepConfig:
     algo: str
-    lora: bool
+    lora: str  # one of LORA_MODES
+    top_layers: int | None  # lora-top's lora.top_layers; None in the other modes
     group_size: int
     states: int
     prompt_length: int
@@ -110,7 +115,8 @@ def measure_one(config: StepConfig) -> dict[str, Any]:
         f"algo={config.algo}",
         "trainer=cpu",
         "engine=hf",
-        f"lora.enabled={str(config.lora).lower()}",
+        f"lora.enabled={str(config.lora != 'full').lower()}",
+        f"lora.top_layers={config.top_layers if config.lora == 'lora-top' else 'null'}",
         f"algo.micro_batch_size={config.micro_batch_size}",
         f"seed={config.seed}",
     ]
@@ -190,7 +196,7 @@ def measure_one(config: StepConfig) -> dict[str, Any]:
     return {
         **asdict(config),
         "rows": config.rows,
-        "lora_rank": cfg.lora.r if config.lora else None,
+        "lora_rank": cfg.lora.r if cfg.lora.enabled else None,
         "trainable_params": trainable,
         "torch_threads": torch.get_num_threads(),
         "seconds_per_step": seconds,
@@ -221,7 +227,8 @@ def run_in_subprocess(config: StepConfig) -> dict[str, Any]:
 
 
 def add_ratios(results: list[dict[str, Any]]) -> None:
-    """PPO over GRPO (same LoRA, same shape) and full over LoRA (same algorithm, same shape): time, step Δ RSS."""
+    """PPO over GRPO (same mode, same shape); full and LoRA-top over LoRA on all layers (same algorithm, same
+    shape): time, step Δ RSS."""
 
     def key(result: dict[str, Any], **changed: Any) -> tuple:
         fields = {name: result[name] for name in ("algo", "lora", "group_size", "prompt_length", "response_length")}
@@ -231,7 +238,8 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
     for result in measured.values():
         for name, baseline_key in (
             ("ppo_over_grpo", key(result, algo="grpo") if result["algo"] == "ppo" else None),
-            ("full_over_lora", key(result, lora=True) if not result["lora"] else None),
+            ("full_over_lora", key(result, lora="lora") if result["lora"] == "full" else None),
+            ("lora_top_over_lora", key(result, lora="lora") if result["lora"] == "lora-top" else None),
         ):
             baseline = measured.get(baseline_key) if baseline_key else None
             if baseline is not None:
@@ -241,10 +249,14 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
                 }
 
 
+def mode_label(mode: str, top_layers: int | None) -> str:
+    return f"lora-top {top_layers}" if mode == "lora-top" else mode
+
+
 def render(results: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=title)
-    for column in ("algo", "LoRA", "G", "rows", "P", "L", "s/step", "tokens/s", "peak RSS GiB", "step Δ RSS GiB",
-                   "PPO/GRPO s, Δ", "full/LoRA s, Δ"):
+    for column in ("algo", "mode", "G", "rows", "P", "L", "s/step", "tokens/s", "peak RSS GiB", "step Δ RSS GiB",
+                   "PPO/GRPO s, Δ", "full/LoRA s, Δ", "LoRA-top/LoRA s, Δ"):
         table.add_column(column, justify="right")
 
     def ratio(result: dict[str, Any], name: str, is_baseline: bool) -> str:
@@ -253,10 +265,10 @@ def render(results: list[dict[str, Any]], title: str) -> Table:
         return "base" if is_baseline else "—"
 
     for r in results:
-        shape = (r["algo"], "on" if r["lora"] else "off", str(r["group_size"]), str(r["rows"]),
+        shape = (r["algo"], mode_label(r["lora"], r["top_layers"]), str(r["group_size"]), str(r["rows"]),
                  str(r["prompt_length"]), str(r["response_length"]))
         if "error" in r:
-            table.add_row(*shape, "failed", "", "", "", "", "")
+            table.add_row(*shape, "failed", "", "", "", "", "", "")
             continue
         table.add_row(
             *shape,
@@ -265,17 +277,17 @@ def render(results: list[dict[str, Any]], title: str) -> Table:
             f"{r['peak_rss_gib']:.2f}",
             f"{r['step_rss_delta_gib']:.2f}",
             ratio(r, "ppo_over_grpo", r["algo"] == "grpo"),
-            ratio(r, "full_over_lora", r["lora"]),
+            ratio(r, "full_over_lora", r["lora"] == "lora"),
+            ratio(r, "lora_top_over_lora", r["lora"] == "lora"),
         )
     return table
 
 
 def grid(args: argparse.Namespace) -> list[StepConfig]:
-    lora_choices = {"both": (True, False), "on": (True,), "off": (False,)}[args.lora]
     return [
-        StepConfig(algo, lora, group_size, args.states, args.prompt_length, length, args.micro_batch_size,
-                   args.repeats, args.old_logprobs, args.seed)
-        for lora in lora_choices
+        StepConfig(algo, mode, args.top_layers if mode == "lora-top" else None, group_size, args.states,
+                   args.prompt_length, length, args.micro_batch_size, args.repeats, args.old_logprobs, args.seed)
+        for mode in dict.fromkeys(args.lora)  # in the order given, repeats dropped
         for group_size in args.group_sizes
         for length in args.response_lengths
         for algo in args.algos
@@ -289,13 +301,16 @@ def main() -> None:
     parser.add_argument("--response-lengths", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--prompt-length", type=int, default=400)
     parser.add_argument("--states", type=int, default=2, help="states per step")
-    parser.add_argument("--lora", choices=("both", "on", "off"), default="both")
+    parser.add_argument("--lora", nargs="+", choices=LORA_MODES, default=list(LORA_MODES),
+                        help="full: no LoRA; lora: adapters on every layer; lora-top: on the last --top-layers")
+    parser.add_argument("--top-layers", type=int, default=10,
+                        help="lora-top's lora.top_layers (SmolLM2-135M has 30 layers; the CPU lift uses 10)")
     parser.add_argument("--micro-batch-size", type=int, default=2, help="sequences per forward / backward")
     parser.add_argument("--repeats", type=int, default=2, help="timed steps per configuration (the median is shown)")
     parser.add_argument("--old-logprobs", choices=("rollout", "recompute"), default="rollout",
                         help="rollout: the sampler's (engine=hf); recompute: _score_batch recomputes them (vLLM)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="grpo + ppo, G=2, P=64, L=16, LoRA only")
+    parser.add_argument("--quick", action="store_true", help="grpo, G=2, P=64, L=16, lora + lora-top only")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one StepConfig (JSON) in this process
     args = parser.parse_args()
@@ -304,18 +319,19 @@ def main() -> None:
         print(RESULT_PREFIX + json.dumps(measure_one(StepConfig(**json.loads(args.one)))), flush=True)
         return
     if args.quick:
-        args.algos, args.group_sizes, args.response_lengths = ["grpo", "ppo"], [2], [16]
-        args.prompt_length, args.lora = 64, "on"
+        args.algos, args.group_sizes, args.response_lengths = ["grpo"], [2], [16]
+        args.prompt_length, args.lora = 64, ["lora", "lora-top"]
     if "grpo" in args.algos and min(args.group_sizes) < 2:
         parser.error("--group-sizes: GRPO needs at least 2 samples per state")
-    if min(args.response_lengths + [args.prompt_length, args.states, args.micro_batch_size, args.repeats]) < 1:
-        parser.error("lengths, --states, --micro-batch-size and --repeats must be >= 1")
+    if min(args.response_lengths + [args.prompt_length, args.states, args.micro_batch_size, args.repeats,
+                                    args.top_layers]) < 1:
+        parser.error("lengths, --states, --micro-batch-size, --repeats and --top-layers must be >= 1")
 
     console = Console(width=160)
     load_before = os.getloadavg()[0]  # timings on a shared machine move with its load: keep it beside them
     results = []
     for config in grid(args):
-        console.log(f"{config.algo} LoRA={'on' if config.lora else 'off'} G={config.group_size} "
+        console.log(f"{config.algo} {mode_label(config.lora, config.top_layers)} G={config.group_size} "
                     f"rows={config.rows} P={config.prompt_length} L={config.response_length} ...")
         result = run_in_subprocess(config)
         if "error" in result:
