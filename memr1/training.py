@@ -27,6 +27,7 @@ from memr1.llm.loading import load_policy
 from memr1.llm.lora import apply_lora
 from memr1.llm.sampling import SamplingConfig
 from memr1.llm.value import ValueModel
+from memr1.memory import BankLockedError
 from memr1.modules.answer import AnswerRLModule
 from memr1.modules.base import AlgoConfig, RLModule
 from memr1.modules.manager import ManagerRLModule
@@ -211,7 +212,13 @@ def run_training(cfg: DictConfig, run_dir: Path) -> RLModule:
     trainer = build_trainer(cfg, run_dir)
     module = build_module(cfg)
     data = RLStatesDataModule.from_config(cfg)
-    fit(trainer, module, data, ckpt_path=cfg.ckpt_path, val_before_train=cfg.data_loader.val_before_train)
+    try:
+        fit(trainer, module, data, ckpt_path=cfg.ckpt_path, val_before_train=cfg.data_loader.val_before_train)
+    except BankLockedError as error:
+        # Typically a second training run on the same data: it needs banks of its own.
+        raise BankLockedError(
+            error.path, hint=f"give this run its own banks with banks.dir=DIR (now {cfg.banks.dir}; ADD-all banks rebuild in seconds)"
+        ) from error
     return module
 
 

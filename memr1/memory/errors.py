@@ -23,12 +23,11 @@ class UnknownMemoryError(InvalidOpError, LookupError):
 class BankLockedError(MemoryBankError, RuntimeError):
     """A Milvus Lite `.db` is held by another process (Milvus Lite allows one process per file)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, hint: str = "give this process a different .db path") -> None:
         self.path = path
         super().__init__(
             f"{path} is locked: another process owns this Milvus Lite database (one process per .db file). "
-            "Connect to a Milvus server by URI (http://host:port) shared by both processes, "
-            "or give this process a different .db path."
+            f"Connect to a Milvus server by URI (http://host:port) shared by both processes, or {hint}."
         )
 
 
