@@ -87,3 +87,20 @@ def test_evaluation_variants_compose(overrides):
 def test_a_wrong_algorithm_name_fails_early():
     with pytest.raises(ValueError, match="algo.name: 'ppo2'"):
         AlgoConfig(name="ppo2")
+
+
+def test_the_cpu_lift_experiments_compose_as_documented():
+    answer = compose_config("train", ["experiment=cpu_lift/answer"])
+    ppo = compose_config("train", ["experiment=cpu_lift/answer_ppo"])
+    manager = compose_config("train", ["experiment=cpu_lift/manager"])
+    evaluation = compose_config("evaluate", ["experiment=cpu_lift/answer"])
+    assert (answer.model.agent, answer.algo.name, answer.algo.group_size) == ("answer", "grpo", 4)
+    # PPO samples once per state: 16 states give GRPO's 4 x G=4 responses per step.
+    assert (ppo.algo.name, ppo.data_loader.states_per_step, ppo.model.reward) == ("ppo", 16, "f1")
+    assert (manager.model.agent, manager.model.distill, manager.data_loader.val_before_train) == ("manager", False, True)
+    # A Milvus Lite .db has one owner: the manager run keeps its banks apart from the answer run's.
+    assert manager.banks.dir != answer.banks.dir
+    # evaluate.py scores exactly the prompts the policy trained on.
+    assert evaluation.answer.k_per_speaker == answer.model.k_per_speaker
+    assert evaluation.answer.max_new_tokens == answer.algo.max_new_tokens
+    assert answer.lora.top_layers == 10 and all(c.lora.enabled for c in (answer, ppo, manager))
