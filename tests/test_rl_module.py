@@ -157,4 +157,5 @@ def test_val_before_train_puts_the_base_policy_at_step_zero(tokenizer, tmp_path,
     fit(trainer, module, AnswerStatesData(states), ckpt_path=None, val_before_train=val_before_train)
     curves = json.loads((tmp_path / "curves.json").read_text())
     assert [step for step, _ in curves["val"]["val/f1"]] == ([0, 2] if val_before_train else [2])
+    assert [step for step, _ in curves["train"]["reward/mean"]] == [1, 2]
     assert (tmp_path / "policy" / "best" / "config.json").exists()

@@ -1,4 +1,5 @@
-"""`training_curves.png`: reward and validation scores by step, redrawn at every validation and at the end."""
+"""`training_curves.png`: reward and validation scores by step, redrawn at every validation and at the end;
+`curves.json` (the numbers) is rewritten every step, so a killed run keeps its curves."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ class TrainingCurves(Callback):
         for key in TRAIN_KEYS:
             if key in trainer.callback_metrics:
                 self.train.setdefault(key, []).append((trainer.global_step, float(trainer.callback_metrics[key])))
+        self.write_json()  # every step, so a killed run's curves.json is complete up to its last step
+
+    def write_json(self) -> None:
+        self.dirpath.mkdir(parents=True, exist_ok=True)
+        (self.dirpath / "curves.json").write_text(json.dumps({"train": self.train, "val": self.val}, indent=1))
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking:
@@ -41,8 +47,7 @@ class TrainingCurves(Callback):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        self.dirpath.mkdir(parents=True, exist_ok=True)
-        (self.dirpath / "curves.json").write_text(json.dumps({"train": self.train, "val": self.val}, indent=1))
+        self.write_json()
         panels = [("train reward", self.train), ("validation", self.val)]
         figure, axes = plt.subplots(1, 2, figsize=(11, 4))
         for axis, (title, series) in zip(axes, panels):
