@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import tempfile
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from rich.table import Table  # noqa: E402
 from memr1.embed import Embedder  # noqa: E402
 from memr1.memory import MemoryBank  # noqa: E402
 from memr1.types import MemoryOp, OpKind  # noqa: E402
+from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 DIM = 384
 K = 30
@@ -175,7 +175,7 @@ def main() -> None:
     console.print(render(results))
     console.print(f"{os.cpu_count()} CPUs, 1-min load average {load_before:.2f} at start")
     if args.out:
-        machine = {"cpus": os.cpu_count(), "load_average_1min": load_before, "platform": platform.platform()}
+        machine = machine_info(load_before)
         report = {"machine": machine, "k": K, "results": results}
         args.out.write_text(json.dumps(report, indent=2))
         console.log(f"wrote {args.out}")

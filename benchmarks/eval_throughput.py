@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -53,6 +52,7 @@ from memr1.pipeline.evaluation import load_split, open_banks, select_questions  
 from memr1.pipeline.managers import AddAllPolicy  # noqa: E402
 from memr1.pipeline.timing import StageTimer  # noqa: E402
 from memr1.types import Conversation, Question  # noqa: E402
+from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SPLIT = "validation"
@@ -250,14 +250,7 @@ def main() -> None:
         f"1-min load average {load_before:.2f} at start, {load_after:.2f} at end"
     )
     if args.out:
-        machine = {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "load_average_1min_before": load_before,
-            "load_average_1min_after": load_after,
-        }
+        machine = machine_info(load_before, load_after)
         settings = {
             "split": SPLIT,
             "backbone": cfg.backbone.name_or_path,

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import time
@@ -65,6 +64,7 @@ from memr1.llm.loading import load_policy  # noqa: E402
 from memr1.llm.padding import left_pad  # noqa: E402
 from memr1.llm.sampling import SamplingConfig  # noqa: E402
 from memr1.types import MemoryEntry  # noqa: E402
+from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 MODEL = "embedded:smollm2-135m-instruct"
 SPEAKERS = ("Caroline", "Melanie")
@@ -400,15 +400,7 @@ def main() -> None:
         f"{os.cpu_count()} CPUs, 1-min load average {load_before:.2f} before, {load_after:.2f} after"
     )
     if args.out:
-        machine = {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "torch_threads": threads,
-            "load_average_1min_before": load_before,
-            "load_average_1min_after": load_after,
-        }
+        machine = machine_info(load_before, load_after, transformers=transformers.__version__)
         roofline = {
             "matmul_flops_per_s": flops,
             "matmul_size": MATMUL_SIZE,

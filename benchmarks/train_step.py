@@ -37,7 +37,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -52,6 +51,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 RESULT_PREFIX = "TRAIN_STEP_RESULT "  # marks the child's result line among Lightning's output
@@ -346,17 +346,7 @@ def main() -> None:
     console.print(f"{os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
                   f"1-min load average {load_before:.2f} at start, {load_after:.2f} at end")
     if args.out:
-        import torch
-
-        machine = {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-            "torch": torch.__version__,
-            "load_average_1min_before": load_before,
-            "load_average_1min_after": load_after,
-        }
+        machine = machine_info(load_before, load_after)
         report = {"machine": machine, "rollout_included": False, "results": results}
         args.out.write_text(json.dumps(report, indent=2))
         console.log(f"wrote {args.out}")
