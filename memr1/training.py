@@ -74,13 +74,26 @@ def _decoder_layer_classes() -> set[type]:
     return {LlamaDecoderLayer, Qwen2DecoderLayer}
 
 
+def lora_from_config(
+    module: torch.nn.Module, lora: DictConfig, modules_to_save: tuple[str, ...] | list[str] = ()
+) -> torch.nn.Module:
+    """`apply_lora` with the `lora` config group's settings (the policy and the critic share them)."""
+    return apply_lora(
+        module,
+        lora.r,
+        lora.alpha,
+        lora.dropout,
+        list(lora.target_modules),
+        modules_to_save=modules_to_save,
+        top_layers=lora.top_layers,
+    )
+
+
 def build_policy(cfg: DictConfig) -> tuple[torch.nn.Module, Any]:
     dtype = cfg.backbone.dtype
     model, tokenizer = load_policy(cfg.backbone.name_or_path, dtype=dtype)
     if cfg.lora.enabled:
-        model = apply_lora(
-            model, cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, list(cfg.lora.target_modules), top_layers=cfg.lora.top_layers
-        )
+        model = lora_from_config(model, cfg.lora)
     model.train()
     return model, tokenizer
 
@@ -90,15 +103,7 @@ def build_critic(cfg: DictConfig) -> torch.nn.Module:
     backbone, _ = load_policy(cfg.backbone.name_or_path, dtype=cfg.backbone.dtype)
     critic: torch.nn.Module = ValueModel(backbone)
     if cfg.lora.enabled:
-        critic = apply_lora(
-            critic,
-            cfg.lora.r,
-            cfg.lora.alpha,
-            cfg.lora.dropout,
-            list(cfg.lora.target_modules),
-            modules_to_save=["value_head"],
-            top_layers=cfg.lora.top_layers,
-        )
+        critic = lora_from_config(critic, cfg.lora, modules_to_save=["value_head"])
     return critic.train()
 
 
