@@ -1,25 +1,43 @@
-"""Evaluate memory managers and answer agents: `python evaluate.py [overrides]` (conf/evaluate.yaml)."""
+"""Evaluate memory managers and answer agents: `python evaluate.py [overrides]` (conf/evaluate.yaml).
+
+Only Hydra and the config checks are imported up front: a typo or a missing path fails in about a
+second, before torch, the models or Milvus load. A run that fails before writing any result leaves
+no run directory behind."""
 
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from memr1.pipeline.evaluation import run_evaluation
-from memr1.pipeline.report import markdown_table
-from memr1.datasets.registry import category_names
+from memr1.preflight import check_evaluate
 
 log = logging.getLogger("memr1.evaluate")
+# What Hydra itself writes into a run directory: a directory holding only these has no results.
+HYDRA_ONLY = {".hydra", "evaluate.log"}
 
 
 @hydra.main(config_path="conf", config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    result = run_evaluation(cfg, run_dir)
+    try:
+        check_evaluate(cfg)
+        from memr1.datasets.registry import category_names
+        from memr1.pipeline.evaluation import run_evaluation
+        from memr1.pipeline.report import markdown_table
+        from memr1.quiet import quiet_third_party
+
+        quiet_third_party()
+        result = run_evaluation(cfg, run_dir)
+    except BaseException:
+        if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= HYDRA_ONLY:
+            logging.shutdown()  # Hydra's file handler holds evaluate.log open
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     log.info("\n%s", markdown_table(result["scores"], category_names(cfg.data.kind)))
     log.info("wrote %s (predictions.jsonl, report.json, report.md, scores.png)", run_dir)
 

@@ -1,19 +1,39 @@
 """Train the Memory Manager or the Answer Agent with PPO / GRPO: `python train.py [overrides]`
-(conf/train.yaml). Example: `python train.py model=manager algo=ppo trainer.devices=4`."""
+(conf/train.yaml). Example: `python train.py model=manager algo=ppo trainer.devices=4`.
+
+Only Hydra and the config checks are imported up front: a typo or a missing path fails in about a
+second, before torch, the models or Milvus load, and leaves no run directory behind."""
 
 from __future__ import annotations
 
+import logging
+import shutil
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from memr1.training import run_training
+from memr1.preflight import check_train
+
+# What Hydra itself writes into a run directory: a directory holding only these has no results.
+HYDRA_ONLY = {".hydra", "train.log"}
 
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    run_training(cfg, Path(cfg.run_dir))
+    run_dir = Path(cfg.run_dir)
+    try:
+        check_train(cfg)
+    except BaseException:
+        if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= HYDRA_ONLY:
+            logging.shutdown()  # Hydra's file handler holds train.log open
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    from memr1.quiet import quiet_third_party
+    from memr1.training import run_training
+
+    quiet_third_party()
+    run_training(cfg, run_dir)
 
 
 if __name__ == "__main__":

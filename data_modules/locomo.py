@@ -12,7 +12,7 @@ from pathlib import Path
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
-from memr1.datasets.download import ensure_file
+from memr1.datasets.download import ChecksumMismatchError, ensure_file
 from memr1.datasets.locomo import (
     ADVERSARIAL_CATEGORY,
     LOCOMO_SHA256,
@@ -45,7 +45,8 @@ class LoCoMoDataModule(LightningDataModule):
         self,
         path: str | Path | None = None,
         url: str = LOCOMO_URL,
-        sha256: str = LOCOMO_SHA256,
+        sha256: str | None = LOCOMO_SHA256,
+        download: bool | None = None,
         splits: Mapping[str, Sequence[str] | None] = SPLITS,
         exclude_categories: Collection[int] = (ADVERSARIAL_CATEGORY,),
         batch_size: int = 8,
@@ -55,6 +56,9 @@ class LoCoMoDataModule(LightningDataModule):
         self.path = Path(path) if path is not None else default_locomo_path()
         self.url = url
         self.sha256 = sha256
+        # A missing file is downloaded only to the default location, or when asked: a mistyped path
+        # must say the file is missing, not try the network.
+        self.download = (path is None) if download is None else download
         # Hydra configs hand over DictConfig / ListConfig: keep plain tuples.
         self.splits = {name: None if ids is None else tuple(ids) for name, ids in splits.items()}
         self.exclude_categories = tuple(exclude_categories)
@@ -64,7 +68,26 @@ class LoCoMoDataModule(LightningDataModule):
         self._by_split: dict[str, list[Conversation]] = {}
 
     def prepare_data(self) -> None:
-        ensure_file(self.path, self.url, self.sha256)
+        """Check the file (its sha256 unless `sha256` is None), downloading it first when it is absent
+        and downloading is allowed; `FileNotFoundError` naming `data.path` otherwise."""
+        if not self.path.is_file():
+            if not self.download:
+                raise FileNotFoundError(
+                    f"data.path={self.path}: no such file. Point data.path at your copy of locomo10.json, or "
+                    "add data.download=true to download it to that path."
+                )
+            ensure_file(self.path, self.url, self.sha256 or LOCOMO_SHA256)
+            return
+        if self.sha256 is None:  # a copy of one's own, used as it is
+            return
+        try:
+            ensure_file(self.path, self.url, self.sha256)
+        except ChecksumMismatchError as error:
+            raise ChecksumMismatchError(
+                error.path, error.expected, error.actual,
+                hint="For a copy of your own, set data.sha256=null to use it as it is; for the official file, "
+                f"delete it to download it again from {self.url}.",
+            ) from None
 
     def setup(self, stage: str | None = None) -> None:
         # Every stage needs the same small parse (~0.2 s): do it once, whatever the stage.

@@ -481,7 +481,13 @@ class RLStatesDataModule(LightningDataModule):
         digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
         kind = "add_all" if bank_policy is None else "model"
         return cls(
-            locomo={"path": cfg.data.path, "splits": cfg.data.splits, "exclude_categories": list(cfg.data.exclude_categories)},
+            locomo={
+                "path": cfg.data.path,
+                "sha256": cfg.data.sha256,
+                "download": cfg.data.get("download") or None,
+                "splits": cfg.data.splits,
+                "exclude_categories": list(cfg.data.exclude_categories),
+            },
             agent=model.agent,
             banks_uri=Path(cfg.banks.dir) / f"rl-{kind}-{digest}.db",
             window=model.get("window", 50),

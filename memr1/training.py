@@ -8,18 +8,33 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule, Trainer, seed_everything
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, RichProgressBar
-from lightning.pytorch.loggers import CSVLogger, Logger
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from memr1.agents.answer import AnswerAgent
 from memr1.agents.manager import ManagerAgent
-from memr1.callbacks import ExportPolicy, SampleLog, TrainingCurves, VLLMWeightSync
+from memr1.callbacks import (
+    AtomicCheckpointIO,
+    ExportPolicy,
+    MetricsCSV,
+    ResumableRun,
+    SampleLog,
+    StepConsole,
+    TrainingCurves,
+    VLLMWeightSync,
+    latest_checkpoint,
+)
+from memr1.interrupt import StopRequested
 from memr1.envs.answer import AnswerEnv
 from memr1.envs.manager import ManagerEnv
 from memr1.llm.engines import GenerationEngine, build_engine
@@ -162,38 +177,59 @@ def build_module(cfg: DictConfig) -> RLModule:
     )
 
 
-def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Logger]:
-    loggers: list[Logger] = [CSVLogger(save_dir=str(run_dir), name="csv", version="")]
-    if cfg.logging.wandb:
-        from lightning.pytorch.loggers import WandbLogger
+def wandb_run_id(run_dir: Path) -> str:
+    """The W&B run id of `run_dir`, made on its first run and kept in `wandb_run_id.txt`, so that a
+    resumed run logs into the same W&B run."""
+    path = run_dir / "wandb_run_id.txt"
+    if not path.exists():
+        path.write_text(uuid.uuid4().hex[:12] + "\n")
+    return path.read_text().strip()
 
-        os.environ.setdefault("WANDB_MODE", cfg.logging.wandb_mode)
-        loggers.append(
-            WandbLogger(project=cfg.logging.project, save_dir=str(run_dir), config=OmegaConf.to_container(cfg, resolve=True))
+
+def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Logger]:
+    """W&B (offline by default) when `logging.wandb`; `metrics.csv` is written by `MetricsCSV`."""
+    if not cfg.logging.wandb:
+        return []
+    from lightning.pytorch.loggers import WandbLogger
+
+    os.environ.setdefault("WANDB_MODE", cfg.logging.wandb_mode)
+    return [
+        WandbLogger(
+            project=cfg.logging.project,
+            save_dir=str(run_dir),
+            id=wandb_run_id(run_dir),
+            resume="allow",
+            config=OmegaConf.to_container(cfg, resolve=True),
         )
-    return loggers
+    ]
 
 
 def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[Callback]:
     monitor = "val/f1" if cfg.model.agent == "answer" else "val/reward"
-    return [
+    # Order matters at the end of a step: the logs are written before ResumableRun may stop the run,
+    # and Lightning runs ModelCheckpoint last, after every other callback's state is up to date.
+    callbacks: list[Callback] = [
+        MetricsCSV(run_dir / "csv" / "metrics.csv"),
+        TrainingCurves(run_dir),
+        SampleLog(run_dir, every_n_steps=cfg.logging.samples_every_n_steps),
+        StepConsole(),
+        ResumableRun(run_dir / "checkpoints"),
         ModelCheckpoint(
             dirpath=run_dir / "checkpoints",
             every_n_train_steps=cfg.checkpoint.every_n_train_steps,
-            save_top_k=1,  # the newest; `last.ckpt` links to it for `ckpt_path=last`
-            save_last="link",
+            save_top_k=1,  # the newest; `ckpt_path=last` finds it (`latest_checkpoint`)
         ),
         ExportPolicy(run_dir / "policy", monitor=monitor),
-        TrainingCurves(run_dir),
-        SampleLog(run_dir, every_n_steps=cfg.logging.samples_every_n_steps),
         VLLMWeightSync(),
-        LearningRateMonitor(logging_interval="step"),
-        RichProgressBar(),
     ]
+    if sys.stderr.isatty():  # redirected output gets StepConsole's lines, not a bar's control codes
+        callbacks.append(RichProgressBar())
+    return callbacks
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path) -> Trainer:
     loader = cfg.data_loader
+    loggers = build_loggers(cfg, run_dir)
     return Trainer(
         **trainer_kwargs(cfg.trainer),
         max_steps=loader.max_steps,
@@ -202,11 +238,31 @@ def build_trainer(cfg: DictConfig, run_dir: Path) -> Trainer:
         limit_val_batches=loader.limit_val_batches,
         num_sanity_val_steps=0,
         log_every_n_steps=cfg.logging.log_every_n_steps,
-        logger=build_loggers(cfg, run_dir),
+        logger=loggers or False,
         callbacks=build_callbacks(cfg, run_dir),
+        plugins=[AtomicCheckpointIO()],
+        enable_progress_bar=sys.stderr.isatty(),
         default_root_dir=str(run_dir),
         enable_model_summary=False,
     )
+
+
+def resume_checkpoint(ckpt_path: str | None, run_dir: Path) -> str | None:
+    """`ckpt_path` as a file to resume from: "last" is the newest complete checkpoint of
+    `run_dir/checkpoints`; a FileNotFoundError names the directory or file when there is none."""
+    if ckpt_path is None:
+        return None
+    if ckpt_path == "last":
+        found = latest_checkpoint(run_dir / "checkpoints")
+        if found is None:
+            raise FileNotFoundError(
+                f"ckpt_path=last: no checkpoint in {run_dir / 'checkpoints'}. Pass the run_dir of the run to "
+                "resume (run_dir=runs/train/...), or drop ckpt_path to start a new run."
+            )
+        return str(found)
+    if not Path(ckpt_path).is_file():
+        raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
+    return ckpt_path
 
 
 def run_training(cfg: DictConfig, run_dir: Path) -> RLModule:
@@ -214,16 +270,26 @@ def run_training(cfg: DictConfig, run_dir: Path) -> RLModule:
 
     seed_everything(cfg.seed, workers=True)
     run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path = resume_checkpoint(cfg.ckpt_path, run_dir)
+    if ckpt_path:
+        log.info("resuming from %s", ckpt_path)
     trainer = build_trainer(cfg, run_dir)
     module = build_module(cfg)
     data = RLStatesDataModule.from_config(cfg)
     try:
-        fit(trainer, module, data, ckpt_path=cfg.ckpt_path, val_before_train=cfg.data_loader.val_before_train)
+        fit(trainer, module, data, ckpt_path=ckpt_path, val_before_train=cfg.data_loader.val_before_train)
     except BankLockedError as error:
         # Typically a second training run on the same data: it needs banks of its own.
         raise BankLockedError(
             error.path, hint=f"give this run its own banks with banks.dir=DIR (now {cfg.banks.dir}; ADD-all banks rebuild in seconds)"
         ) from error
+    except (StopRequested, SIGTERMException) as stop:
+        signum = getattr(stop, "signum", signal.SIGTERM)
+        log.warning(
+            "stopped by %s after step %d; resume with: python train.py run_dir=%s ckpt_path=last",
+            signal.Signals(signum).name, trainer.global_step, run_dir,
+        )
+        raise SystemExit(128 + signum) from None
     return module
 
 

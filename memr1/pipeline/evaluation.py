@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from memr1.agents.answer import AnswerAgent
 from memr1.agents.extractor import FactExtractor
@@ -26,7 +26,7 @@ from memr1.embed import Embedder
 from memr1.llm.engines import GenerationEngine, build_engine
 from memr1.llm.loading import load_policy
 from memr1.llm.sampling import SamplingConfig
-from memr1.memory import MemoryBank
+from memr1.memory import BankLockedError, MemoryBank
 from memr1.metrics.judge import EngineJudge, Judge, OpenAICompatibleJudge
 from memr1.pipeline.answering import Prediction, answer_questions
 from memr1.pipeline.banks import bank_name, build_banks, memory_items
@@ -39,8 +39,25 @@ from memr1.types import Conversation, Fact, Question
 log = logging.getLogger(__name__)
 
 
+class LoggedProgress(Progress):
+    """A rich progress bar that, when the output is not a terminal (redirected to a file, CI), logs a
+    line per advance at most every `every_s` seconds instead: a bar there would print only at the end."""
+
+    every_s = 30.0
+
+    def advance(self, task_id: TaskID, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        if self.console.is_terminal:
+            return
+        task = self._tasks[task_id]
+        now = time.monotonic()
+        if task.finished or now - getattr(task, "_last_logged", 0.0) >= self.every_s:
+            task._last_logged = now  # type: ignore[attr-defined]
+            log.info("%s: %d/%s (%.0f s)", task.description, task.completed, int(task.total or 0), task.elapsed or 0.0)
+
+
 def progress_bar() -> Progress:
-    return Progress(
+    return LoggedProgress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
@@ -55,10 +72,13 @@ def load_split(data: DictConfig, split: str, conversations: Sequence[str] | None
         from data_modules.locomo import LoCoMoDataModule
 
         module = LoCoMoDataModule(
-            path=data.path, sha256=data.sha256 or "", splits=data.splits, exclude_categories=data.exclude_categories
+            path=data.path,
+            sha256=data.sha256,
+            download=data.get("download") or None,
+            splits=data.splits,
+            exclude_categories=data.exclude_categories,
         )
-        if data.sha256 is not None:  # null: a file of your own, used as it is
-            module.prepare_data()
+        module.prepare_data()
         module.setup()
         selected = module.conversations(split)
     else:
@@ -148,13 +168,29 @@ def make_judge(cfg: DictConfig) -> Judge | None:
 
 
 def open_banks(cfg: DictConfig, conversations: Sequence[Conversation], embedder: Embedder, stack: ExitStack) -> tuple[dict[str, MemoryBank], Path]:
-    """Every conversation's bank, opened at `banks.uri` or a Milvus Lite file named by the signature."""
+    """Every conversation's bank, opened at `banks.uri` or a Milvus Lite file named by the signature.
+
+    A Lite file held by another process (an evaluation building or loading the same banks; each
+    releases it once its banks are loaded) is waited for, up to `banks.lock_wait_s` seconds."""
     signature = bank_signature(cfg)
     banks_dir = Path(cfg.banks.dir)
     banks_dir.mkdir(parents=True, exist_ok=True)
     uri = cfg.banks.uri or str(banks_dir / f"{signature}.db")
-    banks = {c.sample_id: stack.enter_context(MemoryBank.open(uri, bank_name(c.sample_id), embedder)) for c in conversations}
-    return banks, banks_dir / f"{signature}.progress.json"
+    deadline = time.monotonic() + cfg.banks.lock_wait_s
+    while True:
+        try:
+            banks = {c.sample_id: stack.enter_context(MemoryBank.open(uri, bank_name(c.sample_id), embedder)) for c in conversations}
+            return banks, banks_dir / f"{signature}.progress.json"
+        except BankLockedError as error:
+            stack.close()  # banks opened before the locked one
+            if time.monotonic() >= deadline:
+                raise BankLockedError(
+                    error.path,
+                    hint=f"wait for it, or give this run its own banks with banks.dir=DIR (now {cfg.banks.dir}; "
+                    f"waited banks.lock_wait_s={cfg.banks.lock_wait_s} s)",
+                ) from None
+            log.info("waiting for %s: another process is building or loading these banks", uri)
+            time.sleep(2.0)
 
 
 def memory_items_for(
@@ -202,6 +238,8 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         with progress_bar() as bar:
             task = bar.add_task("building banks", total=sum(len(facts) for facts in items.values()))
             build_banks(items, banks, policy, progress_file, timer, on_advance=lambda n: bar.advance(task, n))
+        for bank in banks.values():  # built: searches are served in-process, the file is free for others
+            bank.release_store()
         agent = AnswerAgent(distill=cfg.answer.distill, max_answer_words=cfg.answer.max_answer_words)
         engine = models.engine(cfg.ckpt)
         sampling = SamplingConfig(max_new_tokens=cfg.answer.max_new_tokens, temperature=0.0)

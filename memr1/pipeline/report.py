@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -66,8 +67,12 @@ def plot_scores(scores: Mapping[str, float], category_names: Mapping[int, str], 
 
     columns = [(key, name) for key, name in SCORE_COLUMNS if key in scores]
     categories = sorted(int(key.split("cat")[1]) for key in scores if key.startswith("count/cat"))
-    groups = [(category_names.get(c, str(c)), {k: scores[f"{k}/cat{c}"] for k, _ in columns}) for c in categories]
-    groups.append(("overall", {k: scores[k] for k, _ in columns}))
+    groups = [
+        (f"{category_names.get(c, str(c))}\n(n={int(scores[f'count/cat{c}'])})", {k: scores[f"{k}/cat{c}"] for k, _ in columns})
+        for c in categories
+    ]
+    total = f"\n(n={int(scores['count'])})" if "count" in scores else ""
+    groups.append((f"overall{total}", {k: scores[k] for k, _ in columns}))
     width = 0.8 / max(len(columns), 1)
     figure, axes = plt.subplots(figsize=(max(6, 1.6 * len(groups)), 4))
     for offset, (key, name) in enumerate(columns):
@@ -77,7 +82,8 @@ def plot_scores(scores: Mapping[str, float], category_names: Mapping[int, str], 
     axes.set_xticklabels([name for name, _ in groups])
     axes.set_ylabel("score (0-100)")
     axes.set_ylim(0, 100)
-    axes.set_title(title)
+    # Wrapped to the figure's width: a long title (run settings, a checkpoint path) is never cut off.
+    axes.set_title("\n".join(textwrap.wrap(title, width=int(figure.get_figwidth() * 11))), fontsize=10)
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)

@@ -1,0 +1,145 @@
+"""A training run killed anywhere loses nothing: real train.py subprocesses of a tiny model over real
+Milvus Lite banks, killed with SIGKILL (during the bank build, during a checkpoint write, at random
+moments) or stopped with SIGTERM / SIGINT, then resumed with `ckpt_path=last`. Each resumed run must
+end with the unbroken run's parameters (atol 1e-6) and logs in which every step appears exactly once.
+
+Time budget: about 3 minutes on 2 CPU cores (about 15 runs of ~10-17 s).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from faults import ROOT, environment, file_appears, log_shows, run, run_and_kill, train_command
+from memr1.callbacks import latest_checkpoint
+from memr1.llm.loading import load_tokenizer
+from memr1.llm.testing import save_tiny_checkpoint
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def backbone(tmp_path_factory) -> Path:
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "model", load_tokenizer("embedded:smollm2-135m-instruct"))
+
+
+@pytest.fixture(scope="module")
+def unbroken(backbone, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("unbroken")
+    status = run(train_command(backbone, root / "run", root / "banks"), root / "log.txt")
+    assert status == 0, (root / "log.txt").read_text()[-3000:]
+    return root
+
+
+def logged_rows(run_dir: Path) -> list[tuple[int, str, str]]:
+    """(step, kind, reward or f1) of every metrics.csv row, in file order."""
+    with (run_dir / "csv" / "metrics.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    return [
+        (int(row["step"]), "val", row["val/f1"]) if row.get("val/f1") else (int(row["step"]), "train", row["reward/mean"])
+        for row in rows
+    ]
+
+
+def sample_steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+
+
+def assert_same_run(run_dir: Path, expected_dir: Path) -> None:
+    expected = load_file(expected_dir / "policy" / "last" / "model.safetensors")
+    actual = load_file(run_dir / "policy" / "last" / "model.safetensors")
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=1e-6, msg=name)
+    # Every step logged exactly once, with the unbroken run's values (the runs are deterministic).
+    assert logged_rows(run_dir) == logged_rows(expected_dir)
+    assert json.loads((run_dir / "curves.json").read_text()) == json.loads((expected_dir / "curves.json").read_text())
+    assert sample_steps(run_dir) == sample_steps(expected_dir)
+
+
+def assert_checkpoints_whole(checkpoints: Path) -> None:
+    """Every *.ckpt loads (a write cut short leaves only a dot-named .tmp)."""
+    for path in checkpoints.glob("*.ckpt"):
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        assert "loops" in checkpoint and "state_dict" in checkpoint, path
+
+
+def resume_command(backbone: Path, run_dir: Path, banks: Path) -> list[str]:
+    started = latest_checkpoint(run_dir / "checkpoints") is not None
+    return train_command(backbone, run_dir, banks, *(["ckpt_path=last"] if started else []))
+
+
+def test_unbroken_run_logs_each_step_once_quietly(unbroken):
+    run_dir = unbroken / "run"
+    steps = [step for step, kind, _ in logged_rows(run_dir) if kind == "train"]
+    assert steps == [1, 2, 3, 4, 5, 6]  # metrics.csv counts steps from 1, as the curves do
+    assert [s for s, kind, _ in logged_rows(run_dir) if kind == "val"] == [2, 4, 6]
+    curves = json.loads((run_dir / "curves.json").read_text())
+    assert [step for step, _ in curves["train"]["reward/mean"]] == steps
+    output = (unbroken / "log.txt").read_text()
+    assert "step 1/6 | reward" in output and "validation at step 6 | val/bleu1" in output  # console lines in a file
+    for noise in ("faiss", "ModelCheckpoint with manual optimization", "FutureWarning", "litlogger", "Loading weights"):
+        assert noise not in output
+
+
+def test_sigkill_anywhere_then_resume_ends_where_the_unbroken_run_ends(backbone, unbroken, tmp_path):
+    run_dir, banks, log = tmp_path / "run", tmp_path / "banks", tmp_path / "log.txt"
+    rng = random.Random(1234)
+    # Random moments: a random delay (0-0.3 s; a step takes ~0.3 s) after 4 of the run's events, drawn
+    # at random and taken in the order they happen, so each kill falls in what is still to run.
+    events = ["step 1/6 |", "step 2/6 |", "validation at step 2 |", "step 3/6 |", "step 4/6 |", "validation at step 4 |", "step 5/6 |"]
+    chosen = sorted(rng.sample(range(len(events)), 4))
+    random_kills = [(events[index], rng.uniform(0.0, 0.3)) for index in chosen]
+    kills = [
+        ("during the bank build", lambda: file_appears(banks, "*.db")),
+        ("during a checkpoint write", lambda: file_appears(run_dir / "checkpoints", ".*.ckpt.tmp")),
+        *((f"{delay:.2f} s after {event!r}", lambda e=event, d=delay: log_shows(log, e, d)) for event, delay in random_kills),
+    ]
+    for name, when in kills:
+        status = run_and_kill(resume_command(backbone, run_dir, banks), log, when())
+        assert status == -signal.SIGKILL, f"{name}: the run was meant to be killed; it exited {status}"
+        assert_checkpoints_whole(run_dir / "checkpoints")
+        if name == "during the bank build":
+            assert not (banks / "rl-add_all-6427110d32.progress.json").exists()  # the build had not finished
+        if name == "during a checkpoint write":
+            assert list((run_dir / "checkpoints").glob(".*.ckpt.tmp"))  # killed mid-write: only a .tmp left
+    assert run(resume_command(backbone, run_dir, banks), log) == 0, log.read_text()[-3000:]
+    assert_same_run(run_dir, unbroken / "run")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_checkpoints_exits_and_resumes(backbone, unbroken, tmp_path, signum):
+    run_dir, banks, log = tmp_path / "run", tmp_path / "banks", tmp_path / "log.txt"
+    command = train_command(backbone, run_dir, banks, "logging.wandb=true")
+    with log.open("w") as out:
+        process = subprocess.Popen(command, cwd=ROOT, env=environment(), stdout=out, stderr=subprocess.STDOUT)
+        while "step 3/6" not in log.read_text():
+            assert process.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.05)
+        process.send_signal(signum)
+        sent = time.monotonic()
+        status = process.wait(timeout=60)
+    assert status == 128 + signum, log.read_text()[-3000:]
+    assert time.monotonic() - sent < 60
+    output = log.read_text()
+    assert f"received {signal.Signals(signum).name}" in output
+    assert f"resume with: python train.py run_dir={run_dir} ckpt_path=last" in output
+    (interrupted,) = (run_dir / "checkpoints").glob("interrupted-step=*.ckpt")
+    assert latest_checkpoint(run_dir / "checkpoints") == interrupted
+    run_id = (run_dir / "wandb_run_id.txt").read_text().strip()
+
+    assert run(train_command(backbone, run_dir, banks, "logging.wandb=true", "ckpt_path=last"), log) == 0, log.read_text()[-3000:]
+    assert_same_run(run_dir, unbroken / "run")
+    # W&B resumed the same run: both processes wrote offline runs under the one id.
+    assert (run_dir / "wandb_run_id.txt").read_text().strip() == run_id
+    assert len(list((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
