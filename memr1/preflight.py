@@ -66,16 +66,17 @@ def check_devices(trainer: DictConfig, states_per_step: int) -> None:
             f"{states_per_step}: every process trains on a share of each step's states. Raise "
             f"data_loader.states_per_step to at least {devices * nodes} or lower trainer.devices."
         )
-    if devices == 1:
-        return
     wants_gpu = trainer.kind in ("gpu", "fsdp")
-    if trainer.kind in ("auto", "gpu", "fsdp"):
-        import torch  # only for a multi-device run: the one check that needs it
+    if wants_gpu or (trainer.kind == "auto" and devices > 1):
+        import torch  # the one check that needs it, and only where GPUs are asked for or may be used
 
         gpus = torch.cuda.device_count()
         if gpus or wants_gpu:
             if devices > gpus:
-                raise ConfigError(f"trainer.devices={devices}: this machine has {gpus} CUDA GPU(s)")
+                raise ConfigError(
+                    f"trainer.devices={devices} with trainer={trainer.kind}: this machine has {gpus} CUDA GPU(s)"
+                    + ("; on CPU use trainer=cpu or trainer=auto" if not gpus else "")
+                )
             return
     cores = os.cpu_count() or 1
     if devices > cores:

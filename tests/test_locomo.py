@@ -437,6 +437,7 @@ def test_data_module_downloads_parses_and_batches(tmp_path: Path) -> None:
         path=tmp_path / "data" / "locomo10.json",
         url=FIXTURE.as_uri(),
         sha256=hashlib.sha256(FIXTURE.read_bytes()).hexdigest(),
+        download=True,
         splits={"train": ["mini-1"], "validation": None, "test": []},
         batch_size=3,
     )
@@ -452,3 +453,49 @@ def test_data_module_downloads_parses_and_batches(tmp_path: Path) -> None:
     assert list(module.test_dataloader()) == []
     with pytest.raises(ValueError, match="unknown split 'dev'"):
         module.questions("dev")
+
+
+# ---- where the file comes from: data.path, data.download, data.sha256 --------------------------------
+
+
+def test_a_missing_path_is_not_downloaded_unless_asked(tmp_path):
+    from data_modules.locomo import LoCoMoDataModule
+
+    missing = tmp_path / "typo" / "locomo10.json"
+    with pytest.raises(FileNotFoundError, match=r"data.path=.*typo/locomo10.json: no such file.*data.download=true"):
+        LoCoMoDataModule(path=missing).prepare_data()
+    assert not missing.parent.exists()
+
+
+def test_download_true_fetches_to_the_given_path_over_a_real_socket(tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    from data_modules.locomo import LoCoMoDataModule
+    from memr1.datasets.download import sha256_of
+
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "locomo10.json").write_bytes(FIXTURE.read_bytes())
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        target = tmp_path / "data" / "locomo10.json"
+        url = f"http://127.0.0.1:{server.server_address[1]}/locomo10.json"
+        LoCoMoDataModule(path=target, url=url, sha256=sha256_of(FIXTURE), download=True).prepare_data()
+    finally:
+        server.shutdown()
+    assert target.read_bytes() == FIXTURE.read_bytes()
+
+
+def test_a_checksum_mismatch_says_how_to_use_ones_own_copy():
+    from data_modules.locomo import LoCoMoDataModule
+    from memr1.datasets.download import ChecksumMismatchError
+
+    with pytest.raises(ChecksumMismatchError, match=r"data.sha256=null"):
+        LoCoMoDataModule(path=FIXTURE, sha256="0" * 64).prepare_data()
+    LoCoMoDataModule(path=FIXTURE, sha256=None).prepare_data()  # null: the file is used as it is

@@ -433,3 +433,36 @@ def test_a_db_owned_by_another_process_gives_a_clear_error(tmp_path: Path, embed
         holder.stdout.close()
     with MemoryBank.open(path, "conv_26", embedder) as bank:  # the lock went with its owner
         assert len(bank) == 0
+
+
+READER = """
+import sys
+from memr1.embed import Embedder
+from memr1.memory import MemoryBank
+
+with MemoryBank.open(sys.argv[1], "conv_26", Embedder()) as bank:
+    print("READ", len(bank), bank.search("Buddy the dog", k=1)[0].text, flush=True)
+"""
+
+
+def test_a_released_bank_serves_reads_and_frees_its_file_for_another_process(tmp_path: Path, embedder: Embedder) -> None:
+    path = tmp_path / "shared.db"
+    bank = MemoryBank.open(path, "conv_26", embedder)
+    try:
+        bank.add_many([add("Andrew adopted a dog named Buddy", "Andrew"), add("Andrew hikes on weekends", "Andrew")])
+        bank.release_store()
+        assert bank.read_only
+        # Another process opens the same Milvus Lite file while this one still searches its bank.
+        reader = subprocess.run(
+            [sys.executable, "-c", READER, str(path)],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
+        )
+        assert "READ 2 Andrew adopted a dog named Buddy" in reader.stdout, reader.stderr[-2000:]
+        assert bank.search("weekend hiking", k=1)[0].text == "Andrew hikes on weekends"
+        assert [e.text for e in bank.fork().search("Buddy", k=1)] == ["Andrew adopted a dog named Buddy"]
+        with pytest.raises(MemoryBankError, match="read-only"):
+            bank.apply(add("Andrew moved to Denver", "Andrew"))
+        assert len(bank) == 2  # the refused write changed nothing
+    finally:
+        bank.close()

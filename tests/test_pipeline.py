@@ -176,3 +176,27 @@ def test_evaluate_end_to_end_writes_predictions_and_reports(tmp_path, tokenizer)
     assert 0.0 <= result["scores"]["f1"] <= 100.0
     # The add_all manager built the bank: every question retrieved memories from it.
     assert all(row["retrieved_ids"] for row in rows)
+
+
+def test_score_figure_labels_each_group_with_its_n_and_keeps_a_long_title_inside():
+    import matplotlib.pyplot as plt
+
+    from memr1.pipeline.report import score_figure
+
+    scores = {"f1": 9.4, "bleu1": 6.9, "em": 0.0, "count": 81}
+    for category, n in [(1, 32), (2, 26), (3, 13), (4, 10)]:
+        scores.update({f"f1/cat{category}": 1.0, f"bleu1/cat{category}": 1.0, f"em/cat{category}": 0.0, f"count/cat{category}": n})
+    names = {1: "single-hop", 2: "temporal", 3: "multi-hop", 4: "open-domain"}
+    title = "memr1 evaluation: locomo validation, manager=add_all, memory=facts, ckpt=runs/cpu_lift/answer-grpo/policy/best"
+    figure = score_figure(scores, names, title)
+    try:
+        axes = figure.axes[0]
+        labels = [label.get_text() for label in axes.get_xticklabels()]
+        assert labels == ["single-hop\n(n=32)", "temporal\n(n=26)", "multi-hop\n(n=13)", "open-domain\n(n=10)", "overall\n(n=81)"]
+        figure.canvas.draw()
+        box = axes.title.get_window_extent(figure.canvas.get_renderer())
+        width, height = figure.canvas.get_width_height()
+        assert 0 <= box.x0 and box.x1 <= width and box.y1 <= height  # nothing of the title is cut off
+        assert axes.title.get_text().replace("\n", " ") == title
+    finally:
+        plt.close(figure)

@@ -6,6 +6,7 @@ import json
 import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from memr1.metrics import QAMetrics
 from memr1.metrics.judge import Verdict
@@ -59,7 +60,16 @@ def latency_table(latency: Mapping[str, Mapping[str, float]]) -> str:
 
 
 def plot_scores(scores: Mapping[str, float], category_names: Mapping[int, str], path: Path, title: str) -> None:
-    """Grouped bars: one group per category and Overall, one bar per score."""
+    """`score_figure` saved as a PNG."""
+    import matplotlib.pyplot as plt
+
+    figure = score_figure(scores, category_names, title)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def score_figure(scores: Mapping[str, float], category_names: Mapping[int, str], title: str) -> Any:
+    """Grouped bars: one group per category and Overall (each labelled with its n), one bar per score."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,8 +96,7 @@ def plot_scores(scores: Mapping[str, float], category_names: Mapping[int, str], 
     axes.set_title("\n".join(textwrap.wrap(title, width=int(figure.get_figwidth() * 11))), fontsize=10)
     axes.legend()
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    return figure
 
 
 def write_report(

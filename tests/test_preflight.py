@@ -1,0 +1,89 @@
+"""Mistakes fail before anything heavy loads, with the key that holds them: train.py and evaluate.py
+as real subprocesses, checked for their message and for never importing torch (`-X importtime`).
+
+Time budget: about 10 s on 2 CPU cores (subprocesses of ~0.6 s).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memr1.preflight import ConfigError, check_devices
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def entry(script: str, *overrides: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-X", "importtime", str(ROOT / script), *overrides],
+        cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=120,
+    )
+
+
+def imported(result: subprocess.CompletedProcess[str]) -> set[str]:
+    """Top-level modules the process imported, from `-X importtime`'s lines ("import time: a | b | name")."""
+    return {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:") and "|" in line}
+
+
+def assert_fails_light(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode != 0
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr[-2000:]
+    assert not {"torch", "transformers", "pymilvus", "lightning"} & imported(result)
+
+
+def test_ckpt_path_last_without_a_run_dir_says_where_it_looked(tmp_path):
+    run_dir = tmp_path / "fresh"
+    result = entry("train.py", f"run_dir={run_dir}", "ckpt_path=last")
+    assert_fails_light(result, f"ckpt_path=last: no checkpoint in {run_dir / 'checkpoints'}", "run_dir=")
+    assert not run_dir.exists()  # a run that failed its checks leaves no directory behind
+
+
+def test_ckpt_path_to_a_missing_file(tmp_path):
+    assert_fails_light(entry("train.py", f"run_dir={tmp_path / 'r'}", "ckpt_path=/nonexistent.ckpt"), "ckpt_path=/nonexistent.ckpt")
+
+
+def test_more_cpu_devices_than_cores_names_the_key(tmp_path):
+    cores = os.cpu_count() or 1
+    result = entry("train.py", f"run_dir={tmp_path / 'r'}", "trainer=cpu", f"trainer.devices={cores + 2}", "data_loader.states_per_step=64")
+    assert_fails_light(result, f"trainer.devices={cores + 2}", f"this machine has {cores} core(s)")
+
+
+def test_more_processes_than_states_per_step_names_both_keys(tmp_path):
+    result = entry("train.py", f"run_dir={tmp_path / 'r'}", "trainer.devices=2", "data_loader.states_per_step=1")
+    assert_fails_light(result, "trainer.devices=2", "data_loader.states_per_step=1")
+
+
+def test_check_devices_on_gpu_kinds_counts_gpus():
+    import torch
+
+    gpus = torch.cuda.device_count()
+    with pytest.raises(ConfigError, match=f"has {gpus} CUDA GPU"):
+        check_devices(OmegaConf.create({"kind": "gpu", "devices": gpus + 1, "num_nodes": 1}), states_per_step=64)
+
+
+def test_a_mistyped_data_path_is_missing_not_a_download(tmp_path):
+    missing = tmp_path / "nowhere" / "locomo10.json"
+    result = entry("evaluate.py", f"data.path={missing}", f"hydra.run.dir={tmp_path / 'eval'}")
+    assert_fails_light(result, f"data.path={missing}: no such file", "data.download=true")
+    assert "URLError" not in result.stderr and "urlopen" not in result.stderr
+    assert not missing.parent.exists()
+    assert not (tmp_path / "eval").exists()
+
+
+@pytest.mark.parametrize("key", ["ckpt", "manager.ckpt"])
+def test_evaluate_checkpoints_are_checked_before_loading_anything(tmp_path, key):
+    result = entry("evaluate.py", "manager=prompted", f"{key}=/nonexistent/policy", f"hydra.run.dir={tmp_path / 'eval'}")
+    assert_fails_light(result, f"{key}=/nonexistent/policy: no such directory")
+    assert not (tmp_path / "eval").exists()
+
+
+def test_a_typo_in_a_key_fails_before_heavy_imports(tmp_path):
+    result = entry("train.py", f"run_dir={tmp_path / 'r'}", "algo.actr_lr=1")
+    assert_fails_light(result, "actr_lr")
