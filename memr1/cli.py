@@ -123,6 +123,71 @@ def _print_summary(summary: dict[str, Any]) -> None:
         print(f"{issue['sample_id']} {issue['json_path']}: {issue['raw']!r}: {issue['detail']}")
 
 
+# --- serve ---------------------------------------------------------------------------------------
+
+
+def _configure_serve(parser: argparse.ArgumentParser) -> None:
+    model_help = "embedded:NAME, a HF directory, or openai:URL#MODEL; 'none' for no model"
+    parser.add_argument("--path", type=Path, default=Path("memories"), help="where banks and metadata live (default ./memories)")
+    parser.add_argument("--uri", help="a Milvus server URI (http://host:port) instead of Milvus Lite under --path")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model", default="embedded:smollm2-135m-instruct", help=f"the backbone of all three agents: {model_help}")
+    parser.add_argument("--manager", default="none", help="the Memory Manager: 'none' (ADD every fact), 'base' (the prompted backbone), a trained policy/ export dir, or openai:URL#MODEL")
+    parser.add_argument("--answer", default="base", help="the Answer Agent: 'base', a trained policy/ export dir, openai:URL#MODEL, or 'none'")
+    parser.add_argument("--extractor", default="none", help="fact extraction: 'none' (each user message is a fact), 'base', or openai:URL#MODEL")
+    parser.add_argument("--k", type=int, default=30, help="memories shown to the Answer Agent (the paper: 30 per speaker)")
+    parser.add_argument("--no-distill", action="store_true", help="answer directly, without listing the memories used")
+    parser.add_argument("--api-key-env", help="name of an environment variable holding the API key clients must send")
+
+
+def _agent_model(choice: str, backbone: str, models: dict) -> Any:
+    from memr1.service.models import text_model
+
+    if choice == "none":
+        return None
+    if choice == "base":
+        return text_model(backbone, models=models)
+    if choice.startswith("openai:"):
+        return text_model(choice, models=models)
+    if backbone.startswith("openai:"):
+        raise ValueError(f"{choice!r}: a trained export runs locally; --model must be a local backbone, not {backbone}")
+    if not Path(choice).is_dir():
+        raise ValueError(f"{choice!r}: expected 'none', 'base' or a policy export directory")
+    return text_model(backbone, adapter=choice, models=models)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    import os
+
+    import uvicorn
+
+    from memr1.service.memory import Memory
+    from memr1.service.server import create_app
+
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise ValueError(f"--api-key-env {args.api_key_env}: that environment variable is empty")
+    models: dict = {}
+    memory = Memory(
+        args.path,
+        uri=args.uri,
+        extractor=_agent_model(args.extractor, args.model, models),
+        manager=_agent_model(args.manager, args.model, models),
+        answerer=_agent_model(args.answer, args.model, models),
+        k=args.k,
+        distill=not args.no_distill,
+    )
+    app = create_app(memory, chat_model=memory.answerer or memory.manager, api_key=api_key)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    finally:
+        memory.close()
+    return 0
+
+
 # --- the command ---------------------------------------------------------------------------------
 
 SUBCOMMANDS: list[Subcommand] = [
@@ -131,6 +196,12 @@ SUBCOMMANDS: list[Subcommand] = [
         help="sizes of a LoCoMo file per split, and the dia_ids repaired or dropped while parsing it",
         configure=_configure_data_summary,
         run=_run_data_summary,
+    ),
+    Subcommand(
+        name="serve",
+        help="the memory service: Mem0's REST routes, /answer and /v1/chat/completions over memr1 banks",
+        configure=_configure_serve,
+        run=_run_serve,
     ),
 ]
 

@@ -36,6 +36,9 @@ def quiet_third_party() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     for name in _CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    # Lightning adds its own "INFO: ..." console handler; records still reach the root (Hydra's) handlers.
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).handlers.clear()
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     rank_zero.addFilter(_DropMessages("litlogger", "TPU available", "limit_val_batches"))
     try:

@@ -42,6 +42,8 @@ READ_BATCH = 2_000
 _COLLECTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 # Milvus Lite 3.x keeps an flock on this file inside the .db directory while a process has it open.
 _LITE_LOCK_FILE = "LOCK"
+# JSON fields hold their list under this key: Milvus 2.3 servers accept only objects at the top level.
+JSON_ITEMS = "items"
 
 # A Milvus Lite server runs inside this process per open .db path; it stops when its last store closes,
 # which releases the file lock for other processes.
@@ -158,7 +160,7 @@ class MilvusStore:
 
     def rows(self) -> Iterator[StoredMemory]:
         """Every stored memory, deleted ones included, in no particular order."""
-        quiet = _LiteSessionTsFilter() if is_lite_uri(self.uri) else None
+        quiet = _LiteSessionTsFilter()  # neither Milvus Lite nor a 2.3 server gives one
         if quiet:
             _ITERATOR_LOG.addFilter(quiet)
         try:
@@ -245,16 +247,28 @@ def to_row(memory: StoredMemory) -> dict:
         "text": entry.text,
         "speaker": entry.speaker,
         "timestamp": entry.timestamp,
-        "provenance": list(entry.provenance),
+        "provenance": {JSON_ITEMS: list(entry.provenance)},
         "created_step": entry.created_step,
         "updated_step": entry.updated_step,
         "deleted": memory.deleted,
-        "history": [
-            {"action": rev.action, "step": rev.step, "text": rev.text, "timestamp": rev.timestamp,
-             "provenance": list(rev.provenance)}
-            for rev in memory.history
-        ],
+        "history": {
+            JSON_ITEMS: [
+                {"action": rev.action, "step": rev.step, "text": rev.text, "timestamp": rev.timestamp,
+                 "provenance": list(rev.provenance)}
+                for rev in memory.history
+            ]
+        },
     }
+
+
+def json_items(value: object) -> list:
+    """The list inside a JSON field: `{"items": [...]}`, or a bare list as banks written before the
+    wrapper (Milvus 2.3 servers refuse a JSON field whose top level is an array) hold it."""
+    if isinstance(value, dict):
+        return value[JSON_ITEMS]
+    if isinstance(value, list):
+        return value
+    raise TypeError(f"expected a JSON list or {{{JSON_ITEMS!r}: [...]}}, got {type(value).__name__}")
 
 
 def from_row(row: dict, where: str) -> StoredMemory:
@@ -266,13 +280,13 @@ def from_row(row: dict, where: str) -> StoredMemory:
             text=str(row["text"]),
             speaker=str(row["speaker"]),
             timestamp=str(row["timestamp"]),
-            provenance=tuple(str(source) for source in row["provenance"]),
+            provenance=tuple(str(source) for source in json_items(row["provenance"])),
             created_step=int(row["created_step"]),
             updated_step=int(row["updated_step"]),
         )
         history = tuple(
             Revision(r["action"], int(r["step"]), str(r["text"]), str(r["timestamp"]), tuple(map(str, r["provenance"])))
-            for r in row["history"]
+            for r in json_items(row["history"])
         )
         vector = np.asarray(row["vector"], dtype=np.float32)
         is_deleted = bool(row["deleted"])

@@ -9,15 +9,12 @@ flagged, so a flaky judge lowers J rather than stopping an evaluation.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from memr1.llm.engines import GenerationEngine
+from memr1.llm.openai_client import OpenAICompatibleClient
 from memr1.llm.sampling import SamplingConfig
 
 JUDGE_PROMPT = """\
@@ -80,26 +77,7 @@ class OpenAICompatibleJudge:
     """A chat-completions endpoint (`{url}/chat/completions`) judges, one request per question."""
 
     def __init__(self, url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 60) -> None:
-        self.endpoint = url.rstrip("/") + "/chat/completions"
-        self.model = model
-        self.api_key = os.environ.get(api_key_env, "")
-        self.timeout_s = timeout_s
-
-    def _ask(self, messages: list[dict[str, str]]) -> str:
-        body = json.dumps({"model": self.model, "messages": messages, "temperature": 0}).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(self.endpoint, data=body, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                payload = json.loads(response.read())
-        except (urllib.error.URLError, TimeoutError) as error:
-            raise ConnectionError(f"judge endpoint {self.endpoint}: {error}") from error
-        try:
-            return payload["choices"][0]["message"]["content"] or ""
-        except (KeyError, IndexError, TypeError):
-            raise ValueError(f"judge endpoint {self.endpoint}: unexpected reply {str(payload)[:200]}") from None
+        self.client = OpenAICompatibleClient(url, model, api_key_env, timeout_s)
 
     def __call__(self, questions: Sequence[str], golds: Sequence[str], answers: Sequence[str]) -> list[Verdict]:
-        return [read_verdict(self._ask(judge_messages(q, g, a))) for q, g, a in zip(questions, golds, answers)]
+        return [read_verdict(self.client.chat(judge_messages(q, g, a))) for q, g, a in zip(questions, golds, answers)]

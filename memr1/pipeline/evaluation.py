@@ -57,13 +57,15 @@ class LoggedProgress(Progress):
 
 
 def progress_bar() -> Progress:
-    return LoggedProgress(
+    bar = LoggedProgress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
+    bar.disable = not bar.console.is_terminal  # its log lines stand in for it; no bar dumped at the end
+    return bar
 
 
 def load_split(data: DictConfig, split: str, conversations: Sequence[str] | None = None) -> list[Conversation]:

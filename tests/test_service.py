@@ -1,0 +1,238 @@
+"""The memory service for real: `memr1 serve` as a subprocess on a loopback port (a tiny model as the
+Answer Agent, the real MiniLM embedder, Milvus Lite), driven by an HTTP client. The Memory Manager is a
+model behind an OpenAI-compatible endpoint: a rule-following stand-in served on loopback, so that the
+ADD / UPDATE path is exercised through the same HTTP protocol a strong teacher model would use.
+
+Time budget: about 60 s on 2 CPU cores (two servers of ~10 s start-up, 8 writer threads for 10 s).
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from memr1.llm.loading import load_tokenizer
+from memr1.llm.openai_client import OpenAICompatibleClient
+from memr1.llm.testing import save_tiny_checkpoint
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class RuleManager(http.server.BaseHTTPRequestHandler):
+    """Chat completions for Manager prompts: UPDATE memory 0 when the new fact is about Scout and
+    memory 0 is about Buddy (merging them as the paper's example does), else ADD the fact."""
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt = body["messages"][-1]["content"]
+        fact = re.search(r"New fact: (.*)", prompt).group(1)
+        first = re.search(r"^0: (.*)$", prompt, re.MULTILINE)
+        if "Scout" in fact and first and "Buddy" in first.group(1):
+            entry = {"id": "0", "text": "Andrew adopted two dogs, Buddy and Scout", "event": "UPDATE", "old_memory": first.group(1)}
+        else:
+            entry = {"id": "new", "text": fact, "event": "ADD"}
+        reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": json.dumps({"memory": [entry]})}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def manager_url() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RuleManager)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"openai:http://127.0.0.1:{server.server_address[1]}/v1#rule-manager"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def backbone(tmp_path_factory) -> Path:
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "model", load_tokenizer("embedded:smollm2-135m-instruct"))
+
+
+def start_server(tmp: Path, backbone: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    log = (tmp / "server.log").open("w")
+    command = [sys.executable, "-m", "memr1.cli", "serve", "--path", str(tmp / "memories"), "--port", str(port), "--model", str(backbone), *args]
+    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert process.poll() is None, (tmp / "server.log").read_text()[-3000:]
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            time.sleep(0.2)
+    process.kill()
+    raise TimeoutError((tmp / "server.log").read_text()[-3000:])
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory, backbone, manager_url) -> Iterator[str]:
+    process, url = start_server(tmp_path_factory.mktemp("service"), backbone, "--manager", manager_url, "--answer", "base", "--k", "5")
+    yield url
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def add(client: httpx.Client, text: str, user: str = "andrew", **extra: object) -> dict:
+    response = client.post("/memories", json={"messages": [{"role": "user", "content": text}], "user_id": user, **extra})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_buddy_and_scout_merge_into_one_memory_through_post_memories(service):
+    with httpx.Client(base_url=service, timeout=60) as client:
+        (first,) = add(client, "Andrew adopted a dog named Buddy", metadata={"source": "chat"})["results"]
+        assert first["event"] == "ADD"
+        (second,) = add(client, "Andrew adopted another dog, Scout")["results"]
+        assert second == {
+            "id": first["id"], "memory": "Andrew adopted two dogs, Buddy and Scout", "event": "UPDATE",
+            "previous_memory": "Andrew adopted a dog named Buddy",
+        }
+        (only,) = client.get("/memories", params={"user_id": "andrew"}).json()["results"]
+        assert only["memory"] == "Andrew adopted two dogs, Buddy and Scout" and only["metadata"] == {"source": "chat"}
+        assert only["user_id"] == "andrew" and only["created_at"] <= only["updated_at"]
+        history = client.get(f"/memories/{first['id']}/history").json()
+        assert [(row["event"], row["old_memory"], row["new_memory"]) for row in history] == [
+            ("ADD", None, "Andrew adopted a dog named Buddy"),
+            ("UPDATE", "Andrew adopted a dog named Buddy", "Andrew adopted two dogs, Buddy and Scout"),
+        ]
+        hits = client.post("/search", json={"query": "What pets does Andrew have?", "user_id": "andrew", "top_k": 3}).json()["results"]
+        assert [hit["id"] for hit in hits] == [first["id"]]
+        assert set(hits[0]) >= {"id", "memory", "score", "created_at", "updated_at", "user_id", "metadata"}
+        assert -1.0 <= hits[0]["score"] <= 1.0
+
+
+def test_answer_returns_the_memories_it_was_shown(service):
+    with httpx.Client(base_url=service, timeout=120) as client:
+        add(client, "Maria volunteers at the animal shelter on Saturdays", user="maria")
+        result = client.post("/answer", json={"question": "Where does Maria volunteer?", "user_id": "maria"}).json()
+        assert isinstance(result["answer"], str)
+        assert [m["memory"] for m in result["memories"]] == ["Maria volunteers at the animal shelter on Saturdays"]
+
+
+def test_a_wrong_delete_is_restored_with_its_history(service):
+    with httpx.Client(base_url=service, timeout=60) as client:
+        (memory,) = add(client, "Evan bought a red car", user="evan")["results"]
+        assert client.delete(f"/memories/{memory['id']}").json() == {"message": "Memory deleted successfully!"}
+        assert client.get(f"/memories/{memory['id']}").status_code == 404
+        assert client.get("/memories", params={"user_id": "evan"}).json()["results"] == []
+        assert client.post("/search", json={"query": "car", "user_id": "evan"}).json()["results"] == []
+        assert client.post(f"/memories/{memory['id']}/restore").json()["memory"] == "Evan bought a red car"
+        assert [row["event"] for row in client.get(f"/memories/{memory['id']}/history").json()] == ["ADD", "DELETE", "RESTORE"]
+        assert client.put(f"/memories/{memory['id']}", json={"text": "Evan bought a blue car"}).status_code == 200
+        assert client.get(f"/memories/{memory['id']}").json()["memory"] == "Evan bought a blue car"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "field"),
+    [
+        ("post", "/memories", {"messages": [], "user_id": "a"}, 422, "messages"),
+        ("post", "/memories", {"messages": [{"role": "user", "content": ""}], "user_id": "a"}, 422, "content"),
+        ("post", "/memories", {"messages": [{"role": "user", "content": "hi"}]}, 400, "user_id"),
+        ("post", "/memories", {"messages": [{"role": "user", "content": "hi"}], "user_id": "a", "colour": 1}, 422, "colour"),
+        ("post", "/search", {"query": "", "user_id": "a"}, 422, "query"),
+        ("post", "/search", {"query": "x", "user_id": "a", "top_k": 0}, 422, "top_k"),
+        ("get", "/memories/scope_000000000000000000000000.m1", None, 404, "scope_000000000000000000000000"),
+        ("get", "/memories/not-an-id", None, 404, "not-an-id"),
+        ("delete", "/memories/not-an-id", None, 404, "not-an-id"),
+        ("put", "/memories/not-an-id", {"text": "x"}, 404, "not-an-id"),
+        ("post", "/answer", {"question": "Who?"}, 400, "user_id"),
+    ],
+)
+def test_bad_input_is_a_4xx_that_names_the_field(service, method, path, body, status, field):
+    response = httpx.request(method, f"{service}{path}", json=body, timeout=30)
+    assert response.status_code == status, response.text
+    assert field in response.text
+
+
+def test_an_oversized_payload_is_refused(service):
+    huge = {"messages": [{"role": "user", "content": "x" * (2 << 20)}], "user_id": "a"}
+    response = httpx.post(f"{service}/memories", json=huge, timeout=30)
+    assert response.status_code == 413 and "limit" in response.text
+
+
+def test_the_chat_completions_route_speaks_openai(service):
+    reply = OpenAICompatibleClient(f"{service}/v1", "memr1").chat([{"role": "user", "content": "Say hi"}], max_tokens=4)
+    assert isinstance(reply, str)
+
+
+def test_eight_writers_and_readers_lose_and_duplicate_nothing(service):
+    stop = time.monotonic() + 10
+    written: list[list[str]] = [[] for _ in range(8)]
+    seen_counts: list[list[int]] = [[], []]
+    errors: list[str] = []
+
+    def writer(index: int) -> None:
+        with httpx.Client(base_url=service, timeout=60) as client:
+            n = 0
+            while time.monotonic() < stop:
+                text = f"writer {index} note {n}"
+                response = client.post("/memories", json={"messages": [{"role": "user", "content": text}], "user_id": "crowd", "infer": False})
+                if response.status_code != 200:
+                    errors.append(response.text)
+                    return
+                written[index].append(text)
+                n += 1
+
+    def reader(index: int) -> None:
+        with httpx.Client(base_url=service, timeout=60) as client:
+            while time.monotonic() < stop:
+                results = client.get("/memories", params={"user_id": "crowd", "top_k": 10_000}).json()["results"]
+                texts = [r["memory"] for r in results]
+                if len(texts) != len(set(texts)):
+                    errors.append("a reader saw a duplicated memory")
+                seen_counts[index].append(len(texts))
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)] + [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors[:3]
+    expected = sorted(text for texts in written for text in texts)
+    assert len(expected) >= 8
+    final = httpx.get(f"{service}/memories", params={"user_id": "crowd", "top_k": 10_000}, timeout=60).json()["results"]
+    assert sorted(r["memory"] for r in final) == expected  # none lost, none duplicated
+    assert len({r["id"] for r in final}) == len(final)
+    for counts in seen_counts:  # only ADDs happen: each reader sees the bank grow, never shrink or jump past the end
+        assert counts and counts == sorted(counts) and counts[-1] <= len(expected)
+
+
+def test_an_api_key_is_required_when_set(tmp_path, backbone):
+    process, url = start_server(tmp_path, backbone, "--answer", "none", "--api-key-env", "MEMR1_TEST_KEY", env={"MEMR1_TEST_KEY": "s3cret"})
+    try:
+        body = {"messages": [{"role": "user", "content": "hi there"}], "user_id": "a"}
+        assert httpx.post(f"{url}/memories", json=body, timeout=30).status_code == 401
+        assert httpx.post(f"{url}/memories", json=body, headers={"Authorization": "Bearer wrong"}, timeout=30).status_code == 401
+        assert httpx.post(f"{url}/memories", json=body, headers={"Authorization": "Bearer s3cret"}, timeout=30).status_code == 200
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200  # health stays open for probes
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
