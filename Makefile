@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/rollout_throughput.py --out runs/bench/rollout_throughput.json
 	$(PY) benchmarks/train_step.py --out runs/bench/train_step.json
 	$(PY) benchmarks/eval_throughput.py --out runs/bench/eval_throughput.json
+	$(PY) benchmarks/service.py --out runs/bench/service.json
 
 clean:
 	rm -rf $(VENV) outputs runs .cache

@@ -137,6 +137,7 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--answer", default="base", help="the Answer Agent: 'base', a trained policy/ export dir, openai:URL#MODEL, or 'none'")
     parser.add_argument("--extractor", default="none", help="fact extraction: 'none' (each user message is a fact), 'base', or openai:URL#MODEL")
     parser.add_argument("--k", type=int, default=30, help="memories shown to the Answer Agent (the paper: 30 per speaker)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="the Answer Agent's reply budget (room to list memories)")
     parser.add_argument("--no-distill", action="store_true", help="answer directly, without listing the memories used")
     parser.add_argument("--api-key-env", help="name of an environment variable holding the API key clients must send")
 
@@ -179,6 +180,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         answerer=_agent_model(args.answer, args.model, models),
         k=args.k,
         distill=not args.no_distill,
+        max_new_tokens=args.max_new_tokens,
     )
     app = create_app(memory, chat_model=memory.answerer or memory.manager, api_key=api_key)
     try:
