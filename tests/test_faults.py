@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from faults import ROOT, environment, file_appears, log_shows, run, run_and_kill, train_command
+from processes import ROOT, environment, file_appears, log_shows, run, run_and_kill, train_command
 from memr1.callbacks import latest_checkpoint
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.testing import save_tiny_checkpoint

@@ -14,9 +14,10 @@ Time budget: about 40 s on 2 CPU cores (~10-20 s of server start-up).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from processes import free_port
 
 from memr1.embed import Embedder
 from memr1.memory import MemoryBank, UnknownMemoryError
@@ -34,12 +36,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server_uri(tmp_path_factory) -> Iterator[str]:
     binary = shutil.which("milvus-server") or str(Path(sys.executable).parent / "milvus-server")
@@ -48,7 +44,10 @@ def server_uri(tmp_path_factory) -> Iterator[str]:
     data = tmp_path_factory.mktemp("milvus-server")
     port = free_port()
     log = (data / "server.log").open("w")
-    process = subprocess.Popen([binary, "--data", str(data), "--proxy-port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    # Its own session: the wrapper starts the `milvus` binary as a child, and both must go at teardown
+    # (the binary's embedded etcd always takes peer port 2380, so a leftover server blocks the next).
+    command = [binary, "--data", str(data), "--proxy-port", str(port), "--etcd-port", str(free_port())]
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     from pymilvus import MilvusClient
 
@@ -67,11 +66,13 @@ def server_uri(tmp_path_factory) -> Iterator[str]:
                 time.sleep(0.5)
         yield uri
     finally:
-        process.terminate()
+        os.killpg(process.pid, signal.SIGINT)  # the wrapper's own graceful stop of the server
         try:
-            process.wait(timeout=30)
+            process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            process.kill()
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # whatever of the group is left
         log.close()
 
 
@@ -126,7 +127,6 @@ import sys
 from memr1.embed import Embedder
 from memr1.memory import MemoryBank
 from memr1.types import MemoryOp, OpKind
-from test_memory_bank import HOSTILE_SPEAKERS
 
 with MemoryBank.open(sys.argv[1], sys.argv[2], Embedder()) as bank:
     for n in range(20):

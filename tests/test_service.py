@@ -12,7 +12,6 @@ import http.server
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from processes import free_port
 
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.openai_client import OpenAICompatibleClient
@@ -29,12 +29,6 @@ from memr1.llm.testing import save_tiny_checkpoint
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class RuleManager(http.server.BaseHTTPRequestHandler):

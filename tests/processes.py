@@ -1,9 +1,11 @@
-"""Helpers of the fault tests: a tiny-model train.py run as a real subprocess, and ways to kill it."""
+"""Helpers of the tests that run real processes: free loopback ports, a tiny-model train.py run as a
+subprocess, and ways to kill it."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +24,13 @@ TINY_RUN = (
     "data_loader.limit_val_batches=1", "data_loader.val_batch_size=2", "checkpoint.every_n_train_steps=1",
     "logging.wandb=false", "logging.samples_every_n_steps=1",
 )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def train_command(backbone: Path, run_dir: Path, banks_dir: Path, *extra: str) -> list[str]:
