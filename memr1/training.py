@@ -285,10 +285,14 @@ def run_training(cfg: DictConfig, run_dir: Path) -> RLModule:
         ) from error
     except (StopRequested, SIGTERMException) as stop:
         signum = getattr(stop, "signum", signal.SIGTERM)
-        log.warning(
-            "stopped by %s after step %d; resume with: python train.py run_dir=%s ckpt_path=last",
-            signal.Signals(signum).name, trainer.global_step, run_dir,
-        )
+        name = signal.Signals(signum).name
+        if trainer.global_step == 0 and ckpt_path is None:
+            log.warning("stopped by %s before the first step completed; run the same command again to start over", name)
+        else:
+            log.warning(
+                "stopped by %s after step %d; resume with: python train.py run_dir=%s ckpt_path=last",
+                name, trainer.global_step, run_dir,
+            )
         raise SystemExit(128 + signum) from None
     return module
 

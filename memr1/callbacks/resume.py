@@ -198,6 +198,9 @@ class ResumableRun(Callback):
         # this callback's check: the same stop, at the same kind of boundary.
         if not isinstance(exception, (interrupt.StopRequested, SIGTERMException)) or trainer.state.fn != TrainerFn.FITTING:
             return
+        if trainer.global_step == 0:
+            log.warning("stopped before the first step completed: there is nothing to resume")
+            return
         path = self.checkpoint_dir / f"interrupted-step={trainer.global_step}.ckpt"
         self._rewind_to_step_end = not self._stopped_at_step_end
         try:
