@@ -36,9 +36,11 @@ def quiet_third_party() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     for name in _CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-    # Lightning adds its own "INFO: ..." console handler; records still reach the root (Hydra's) handlers.
-    for name in ("lightning.pytorch", "lightning.fabric"):
+    # Lightning gives its loggers their own "INFO: ..." console handlers: drop them and let the records
+    # reach the root (Hydra's console and log file) once.
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     rank_zero.addFilter(_DropMessages("litlogger", "TPU available", "limit_val_batches"))
     try:

@@ -90,6 +90,8 @@ def test_unbroken_run_logs_each_step_once_quietly(unbroken):
     assert "step 1/6 | reward" in output and "validation at step 6 | val/bleu1" in output  # console lines in a file
     for noise in ("faiss", "ModelCheckpoint with manual optimization", "FutureWarning", "litlogger", "Loading weights"):
         assert noise not in output
+    assert not [line for line in output.splitlines() if line.startswith("INFO: ")]  # no line printed twice
+    assert output.count("max_steps=6` reached") == 1
 
 
 def test_sigkill_anywhere_then_resume_ends_where_the_unbroken_run_ends(backbone, unbroken, tmp_path):
