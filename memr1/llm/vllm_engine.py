@@ -34,8 +34,8 @@ class VLLMEngine:
 
     Prompts are rendered by memr1's own tokenizer (`encode_prompts`) and sent as token ids, so both
     engines see identical prompts. `logprobs` come from `SamplingParams(logprobs=0)`: the sampled
-    token's log-probability under vLLM's default `logprobs_mode="raw_logprobs"`, i.e. the temperature-1
-    policy's, as in `HFEngine`. On a stop string vLLM keeps the tokens through the one that completed
+    token's log-probability under `logprobs_mode="processed_logprobs"`, i.e. of softmax(logits / T), as in
+    `HFEngine`. On a stop string vLLM keeps the tokens through the one that completed
     it and cuts the text before it; an EOS token stays in `response_ids`: the same conventions.
 
     The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` unless already set) so that
@@ -70,6 +70,8 @@ class VLLMEngine:
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
             seed=seed,
+            # The sampled token's log-prob after temperature, as HFEngine records it and the RL losses use.
+            logprobs_mode="processed_logprobs",
             **lora_options,
             **llm_options,
         )

@@ -64,6 +64,9 @@ class AlgoConfig:
     mini_batch_size: int = 0         # sequences per optimiser step; 0 = the whole rollout batch
     micro_batch_size: int = 2        # sequences per forward/backward (gradient accumulation)
     grad_clip: float = 1.0
+    # memr1's, not the paper's: a GRPO group's prompt is forwarded once and its KV cache shared by the
+    # group's responses (same log-probs and gradients; micro-batches then hold whole groups).
+    share_prompt: bool = True
 
     def __post_init__(self) -> None:
         if self.name not in ALGORITHMS:
@@ -108,6 +111,7 @@ class RLModule(LightningModule):
         self.engine = engine or HFEngine(policy, tokenizer, batch_size=max(algo.micro_batch_size, 8))
         self._policy_samples_itself = engine is None
         self.automatic_optimization = False
+        self.skipped_steps = 0  # optimiser steps dropped for a non-finite gradient norm
         self.strict_loading = False  # checkpoints hold the trainable weights only (on_save_checkpoint)
         self.save_hyperparameters({"algo": asdict(algo), "seed": seed})
 
@@ -177,8 +181,31 @@ class RLModule(LightningModule):
         return batch.to(self.device), rewards
 
     # -- forward passes without gradients -----------------------------------------------------------
+    @property
+    def _group(self) -> int:
+        """Rows per state: consecutive rows of a rollout batch share a prompt."""
+        return self.algo.group_size if self.algo.name == "grpo" else 1
+
+    @property
+    def _sharing(self) -> bool:
+        return self.algo.share_prompt and self._group > 1
+
     def _micro(self, batch: RolloutBatch) -> Iterator[RolloutBatch]:
-        return batch.minibatches(self.algo.micro_batch_size)
+        # Sharing a prompt needs its whole group in one micro-batch: micro_batch_size rounded to groups.
+        size = self._group * max(1, self.algo.micro_batch_size // self._group) if self._sharing else self.algo.micro_batch_size
+        return batch.minibatches(size)
+
+    def _logprobs(self, model: nn.Module, micro: RolloutBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs under softmax(logits / T), the rollout's distribution; the entropy keeps its
+        graph only when the loss uses it."""
+        return response_logprobs(
+            model,
+            micro,
+            with_entropy=with_entropy,
+            temperature=self.algo.temperature,
+            share_prompt=self._sharing,
+            entropy_grad=self.algo.entropy_coef != 0,
+        )
 
     def _micro_checked(self, batch: RolloutBatch) -> Iterator[RolloutBatch]:
         """Micro-batches with a stop check before each: nothing before the first optimiser step of a
@@ -193,10 +220,10 @@ class RLModule(LightningModule):
         and critic values."""
         self.policy.eval()
         if batch.old_logprobs is None:
-            batch.old_logprobs = torch.cat([response_logprobs(self.policy, mb)[0] for mb in self._micro_checked(batch)])
+            batch.old_logprobs = torch.cat([self._logprobs(self.policy, mb)[0] for mb in self._micro_checked(batch)])
         if self.algo.name == "grpo" and self.algo.kl_coef > 0:
             with self._reference() as reference:
-                batch.ref_logprobs = torch.cat([response_logprobs(reference, mb)[0] for mb in self._micro_checked(batch)])
+                batch.ref_logprobs = torch.cat([self._logprobs(reference, mb)[0] for mb in self._micro_checked(batch)])
         if self.critic is not None:
             self.critic.eval()
             batch.old_values = torch.cat([response_values(self.critic, mb) for mb in self._micro_checked(batch)])
@@ -237,7 +264,10 @@ class RLModule(LightningModule):
             stats.setdefault(name, []).append(float(value))
 
         generator = torch.Generator().manual_seed(self.seed * 7919 + self.global_step)
-        minibatches = [mb for _ in range(self.algo.ppo_epochs) for mb in batch.minibatches(mini_size, generator)]
+        # Shuffled by whole groups, so that a micro-batch can share its groups' prompts.
+        minibatches = [
+            mb for _ in range(self.algo.ppo_epochs) for mb in batch.minibatches(mini_size, generator, group_size=self._group)
+        ]
         for position, minibatch in enumerate(minibatches):
             # Until the first optimiser step a stop loses nothing; after it, the step is finished so that
             # a checkpoint never holds weights halfway through one.
@@ -245,7 +275,7 @@ class RLModule(LightningModule):
             for micro in micros:
                 weight = len(micro) / len(minibatch)
                 mask = micro.response_mask.float()
-                logprobs, entropy = response_logprobs(self.policy, micro, with_entropy=True)
+                logprobs, entropy = self._logprobs(self.policy, micro, with_entropy=True)
                 pg_loss, pg_stats = core.policy_loss(
                     logprobs,
                     micro.old_logprobs,
@@ -287,9 +317,14 @@ class RLModule(LightningModule):
         return {name: sum(values) / len(values) for name, values in stats.items()}
 
     def _step(self, optimizer: Any, module: nn.Module) -> float:
+        """Clip and step; a gradient whose norm is not finite is dropped and counted instead (verl's
+        `_optimizer_step`): one bad batch must not turn the weights into NaN."""
         params = [p for p in module.parameters() if p.requires_grad]
         norm = torch.nn.utils.clip_grad_norm_(params, self.algo.grad_clip)
-        optimizer.step()
+        if torch.isfinite(norm):
+            optimizer.step()
+        else:
+            self.skipped_steps += 1
         optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
@@ -340,6 +375,7 @@ class RLModule(LightningModule):
         if self.critic is not None:
             metrics["critic/explained_variance"] = float(core.explained_variance(batch.old_values, batch.returns, mask))
         metrics["actor/lr"] = float(self._optimizers()[0].param_groups[0]["lr"])
+        metrics["actor/skipped_steps"] = float(self.skipped_steps)
         metrics["response/length_mean"] = float(lengths.mean())
         metrics["response/length_max"] = float(lengths.max())
         metrics["response/format_error_rate"] = sum(r.format_error is not None for r in rewards) / len(rewards)

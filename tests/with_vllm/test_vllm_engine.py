@@ -54,10 +54,10 @@ def engine(tokenizer, hf_model, tmp_path_factory):
     )
 
 
-def reference_logprobs(model, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+def reference_logprobs(model, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0) -> list[float]:
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt_ids + response_ids])).logits[0].float()
-    logprobs = logits.log_softmax(dim=-1)
+    logprobs = (logits / temperature).log_softmax(dim=-1)
     start = len(prompt_ids) - 1
     return [logprobs[start + t, token].item() for t, token in enumerate(response_ids)]
 
@@ -73,13 +73,13 @@ def test_greedy_matches_hf_engine(engine, hf_model, tokenizer):
         assert vllm_samples[0].logprobs == pytest.approx(hf_samples[0].logprobs, abs=1e-3)
 
 
-def test_sampled_logprobs_are_the_temperature_one_policy(engine, hf_model):
+def test_sampled_logprobs_are_of_the_sampling_distribution(engine, hf_model):
     results = engine.generate(PROMPTS, SamplingConfig(max_new_tokens=8, temperature=0.7, n=3, seed=0))
     assert [len(samples) for samples in results] == [3, 3, 3]
     for samples in results:
         for generation in samples:
             assert len(generation.logprobs) == len(generation.response_ids) > 0
-            expected = reference_logprobs(hf_model, generation.prompt_ids, generation.response_ids)
+            expected = reference_logprobs(hf_model, generation.prompt_ids, generation.response_ids, temperature=0.7)
             assert generation.logprobs == pytest.approx(expected, abs=1e-3)
 
 
