@@ -532,6 +532,13 @@ class RLStatesDataModule(LightningDataModule):
         self.banks = {}
         self.train_states = self.val_states = None
 
+    def probe_states(self, count: int) -> list[Any]:
+        """`count` training states drawn once with a fixed seed: the probe set the RL module scores
+        every few steps (`train/probe_reward`)."""
+        states = self._loaded(self.train_states)
+        order = np.random.default_rng(self.seed + 104_729).permutation(len(states))[:count]
+        return [states[int(index)] for index in order]
+
     @property
     def num_states(self) -> int:
         """Training states (one pass over the data)."""

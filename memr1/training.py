@@ -174,6 +174,8 @@ def build_module(cfg: DictConfig) -> RLModule:
         reference=reference,
         engine=build_rollout_engine(cfg, policy, tokenizer),
         seed=cfg.seed,
+        probe_states=cfg.data_loader.probe_states,
+        probe_every_n_steps=cfg.data_loader.probe_every_n_steps,
     )
 
 

@@ -159,3 +159,54 @@ def test_val_before_train_puts_the_base_policy_at_step_zero(tokenizer, tmp_path,
     assert [step for step, _ in curves["val"]["val/f1"]] == ([0, 2] if val_before_train else [2])
     assert [step for step, _ in curves["train"]["reward/mean"]] == [1, 2]
     assert (tmp_path / "policy" / "best" / "config.json").exists()
+
+
+def test_several_epochs_over_minibatches_report_the_clip_per_epoch(tokenizer):
+    """ppo_epochs = 3 over 2 minibatches: 6 optimiser steps per rollout, one Lightning step. The first
+    minibatch of epoch 0 is on-policy (ratio 1, nothing clipped); by the last epoch the policy has moved
+    past the clip range on some tokens, and the per-epoch numbers say so."""
+    algo = AlgoConfig(
+        name="grpo", group_size=4, max_new_tokens=8, actor_lr=3e-2, kl_coef=0.0, micro_batch_size=4,
+        ppo_epochs=3, mini_batch_size=4, grad_clip=100.0,
+    )
+    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, FirstOfGroupEnv(4), algo, seed=3)
+    trainer = fit_one_step(module, ["Say hello.", "Count to three."])
+    assert trainer.global_step == 1
+    metrics = module.step_metrics
+    assert {f"actor/clip_frac/epoch{e}" for e in range(3)} <= set(metrics)
+    assert {f"actor/approx_kl/epoch{e}" for e in range(3)} <= set(metrics)
+    assert metrics["actor/clip_frac/epoch2"] > 0
+    assert metrics["actor/clip_frac/epoch2"] >= metrics["actor/clip_frac/epoch0"]
+
+
+class ProbeData(LightningDataModule):
+    """Training states and a probe set, as RLStatesDataModule offers them."""
+
+    def __init__(self, states: list[str]) -> None:
+        super().__init__()
+        self.states = states
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.states * 4, batch_size=len(self.states), collate_fn=list)
+
+    def probe_states(self, count: int) -> list[str]:
+        return self.states[:count]
+
+
+class LengthEnv(FirstOfGroupEnv):
+    """Rewards a response by its length in characters / 100: a reward that depends on what was sampled."""
+
+    def score(self, states: Sequence[str], responses: Sequence[str]) -> list[Reward]:
+        return [Reward(len(text) / 100, None) for text in responses]
+
+
+def test_the_probe_reward_scores_fixed_states_with_a_fixed_seed(tokenizer):
+    algo = AlgoConfig(name="grpo", group_size=4, max_new_tokens=6, actor_lr=1e-3, kl_coef=0.0, micro_batch_size=4)
+    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), algo, seed=3, probe_states=2, probe_every_n_steps=2)
+    trainer = Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, datamodule=ProbeData(["Say hello.", "Count to three.", "Name a dog."]))
+    assert module.probe == ["Say hello.", "Count to three."]
+    logged = module.step_metrics["train/probe_reward"]  # probed at step 2, after its update
+    # The same policy and the same seed give the same samples: the probe moves only when the policy does.
+    assert module.probe_reward() == logged == module.probe_reward()
+    assert logged > 0

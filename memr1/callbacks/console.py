@@ -21,6 +21,8 @@ STEP_FIELDS = (
     ("time/rollout_s", "rollout", "{:.1f}s"),
     ("time/reward_s", "reward-time", "{:.1f}s"),
     ("time/update_s", "update", "{:.1f}s"),
+    ("time/probe_s", "probe-time", "{:.1f}s"),
+    ("actor/skipped_steps", "skipped", "{:.0f}"),
 )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -96,6 +96,8 @@ class RLModule(LightningModule):
         reference: nn.Module | None = None,
         engine: GenerationEngine | None = None,
         seed: int = 0,
+        probe_states: int = 0,
+        probe_every_n_steps: int = 0,
     ) -> None:
         super().__init__()
         if algo.name == "ppo" and critic is None:
@@ -112,6 +114,10 @@ class RLModule(LightningModule):
         self._policy_samples_itself = engine is None
         self.automatic_optimization = False
         self.skipped_steps = 0  # optimiser steps dropped for a non-finite gradient norm
+        # A fixed probe set of training states, sampled with a fixed seed every N steps: the step reward
+        # compares different questions each step, the probe reward the same ones (`train/probe_reward`).
+        self.probe_count, self.probe_every_n_steps = probe_states, probe_every_n_steps
+        self.probe: list[Any] = []
         self.strict_loading = False  # checkpoints hold the trainable weights only (on_save_checkpoint)
         self.save_hyperparameters({"algo": asdict(algo), "seed": seed})
 
@@ -299,6 +305,10 @@ class RLModule(LightningModule):
                 note("entropy", entropy_loss.detach())
                 for key, value in pg_stats.items():
                     note(key, value)
+                if self.algo.ppo_epochs > 1:  # is the clip active in the later epochs? (the first is on-policy)
+                    epoch = position * self.algo.ppo_epochs // len(minibatches)
+                    note(f"clip_frac/epoch{epoch}", pg_stats["clip_frac"])
+                    note(f"approx_kl/epoch{epoch}", pg_stats["approx_kl"])
                 if self.critic is not None:
                     values = response_values(self.critic, micro)
                     v_loss, v_clip = core.value_loss(
@@ -331,6 +341,22 @@ class RLModule(LightningModule):
     # -- the training step ------------------------------------------------------------------------------
     def on_train_start(self) -> None:
         self._stage_seconds: dict[str, float] = {}
+        data = self.trainer.datamodule if self.trainer is not None else None
+        if self.probe_count and self.probe_every_n_steps and hasattr(data, "probe_states"):
+            self.probe = data.probe_states(self.probe_count)
+
+    @torch.no_grad()
+    def probe_reward(self) -> float:
+        """Mean reward of the probe states, sampled as rollouts are but with one fixed seed, so that
+        two probes differ by what the policy learned, not by which questions or samples were drawn."""
+        sampling = replace(self.rollout_sampling(), seed=self.seed * 1_000_003 - 1)
+        was_training = self.policy.training
+        self.policy.eval()
+        outputs = self.engine.generate([self.env.prompt(state) for state in self.probe], sampling)
+        self.policy.train(was_training)
+        rows = [(state, sample.text) for state, samples in zip(self.probe, outputs) for sample in samples]
+        rewards = self.env.score([state for state, _ in rows], [text for _, text in rows])
+        return sum(reward.score for reward in rewards) / len(rewards)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         raise_if_requested()
@@ -349,6 +375,10 @@ class RLModule(LightningModule):
         update_stats = self._update(batch)
         self._stage_seconds["update"] = time.perf_counter() - started
         metrics = self._step_metrics(batch, rewards, group_ids, update_stats)
+        if self.probe and (self.global_step % self.probe_every_n_steps == 0 or self.global_step == 1):
+            started = time.perf_counter()
+            metrics["train/probe_reward"] = self.probe_reward()
+            metrics["time/probe_s"] = time.perf_counter() - started
         self.step_metrics = dict(metrics)  # the step's row of metrics.csv and of the console line
         self.log("reward/mean", metrics.pop("reward/mean"), on_step=True, prog_bar=True, batch_size=len(batch))
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch))
