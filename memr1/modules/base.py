@@ -126,6 +126,10 @@ class RLModule(LightningModule):
         # a checkpoint keeps what training changes, kilobytes for LoRA instead of whole models.
         trainable = {name for name, param in self.named_parameters() if param.requires_grad}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+        checkpoint["skipped_steps"] = self.skipped_steps
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.skipped_steps = checkpoint.get("skipped_steps", 0)  # a resumed run keeps counting
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         # A batch is a list of states (Python objects): tensors are made, on the right device, in rollout.
