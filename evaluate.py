@@ -7,18 +7,15 @@ no run directory behind."""
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from memr1.preflight import check_evaluate
+from memr1.preflight import check_evaluate, remove_if_empty_run
 
 log = logging.getLogger("memr1.evaluate")
-# What Hydra itself writes into a run directory: a directory holding only these has no results.
-HYDRA_ONLY = {".hydra", "evaluate.log"}
 
 
 @hydra.main(config_path="conf", config_name="evaluate", version_base="1.3")
@@ -34,9 +31,7 @@ def main(cfg: DictConfig) -> None:
         quiet_third_party()
         result = run_evaluation(cfg, run_dir)
     except BaseException:
-        if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= HYDRA_ONLY:
-            logging.shutdown()  # Hydra's file handler holds evaluate.log open
-            shutil.rmtree(run_dir, ignore_errors=True)
+        remove_if_empty_run(run_dir, "evaluate.log")
         raise
     log.info("\n%s", markdown_table(result["scores"], category_names(cfg.data.kind)))
     log.info("wrote %s (predictions.jsonl, report.json, report.md, scores.png)", run_dir)

@@ -6,17 +6,12 @@ second, before torch, the models or Milvus load, and leaves no run directory beh
 
 from __future__ import annotations
 
-import logging
-import shutil
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from memr1.preflight import check_train
-
-# What Hydra itself writes into a run directory: a directory holding only these has no results.
-HYDRA_ONLY = {".hydra", "train.log"}
+from memr1.preflight import check_train, remove_if_empty_run
 
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
@@ -25,9 +20,7 @@ def main(cfg: DictConfig) -> None:
     try:
         check_train(cfg)
     except BaseException:
-        if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= HYDRA_ONLY:
-            logging.shutdown()  # Hydra's file handler holds train.log open
-            shutil.rmtree(run_dir, ignore_errors=True)
+        remove_if_empty_run(run_dir, "train.log")
         raise
     from memr1.quiet import quiet_third_party
     from memr1.training import run_training

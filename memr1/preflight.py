@@ -7,7 +7,9 @@ Each check raises `ConfigError` (a `ValueError`) or `FileNotFoundError` naming t
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -115,3 +117,11 @@ def check_evaluate(cfg: DictConfig) -> None:
     check_dir("ckpt", cfg.get("ckpt"), "a policy export: runs/train/.../policy/best or last")
     check_dir("manager.ckpt", cfg.manager.get("ckpt"), "a trained Memory Manager's policy export")
     check_dir("memory.ckpt", cfg.memory.get("ckpt"), "the fact extractor's policy export")
+
+
+def remove_if_empty_run(run_dir: Path, log_name: str) -> None:
+    """Remove `run_dir` when it holds only what Hydra writes itself (`.hydra`, `log_name`): a run that
+    failed before writing any result leaves no directory behind."""
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", log_name}:
+        logging.shutdown()  # Hydra's file handler holds the log open
+        shutil.rmtree(run_dir, ignore_errors=True)

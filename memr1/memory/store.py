@@ -53,8 +53,8 @@ _ITERATOR_LOG = logging.getLogger("pymilvus.client.iterator.query_iterator")
 
 
 class _LiteSessionTsFilter(logging.Filter):
-    """Drops pymilvus' warning that the server gave no session timestamp: Milvus Lite never gives one
-    and its reads see every acknowledged write anyway; the warning would only repeat on every open."""
+    """Drops pymilvus' warning that the server gave no session timestamp: Milvus Lite and 2.3 servers
+    never give one and their reads see every acknowledged write anyway; it would repeat on every open."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "failed to get mvccTs" not in record.getMessage()
@@ -161,15 +161,13 @@ class MilvusStore:
     def rows(self) -> Iterator[StoredMemory]:
         """Every stored memory, deleted ones included, in no particular order."""
         quiet = _LiteSessionTsFilter()  # neither Milvus Lite nor a 2.3 server gives one
-        if quiet:
-            _ITERATOR_LOG.addFilter(quiet)
+        _ITERATOR_LOG.addFilter(quiet)
         try:
             iterator = self.client.query_iterator(
                 self.collection, batch_size=READ_BATCH, filter="", output_fields=list(FIELDS)
             )
         finally:
-            if quiet:
-                _ITERATOR_LOG.removeFilter(quiet)
+            _ITERATOR_LOG.removeFilter(quiet)
         try:
             while batch := iterator.next():
                 yield from (from_row(row, f"{self.uri}: collection {self.collection!r}") for row in batch)
