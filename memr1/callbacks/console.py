@@ -12,12 +12,14 @@ log = logging.getLogger("memr1.step")
 
 # (metric, label, format) in the order they are printed; missing metrics are left out.
 STEP_FIELDS = (
+    ("sft/loss", "sft-loss", "{:.4f}"),
     ("reward/mean", "reward", "{:.3f}"),
     ("train/probe_reward", "probe", "{:.3f}"),
     ("reward/zero_std_group_frac", "zero-spread", "{:.2f}"),
     ("response/format_error_rate", "format-err", "{:.2f}"),
     ("response/length_mean", "len", "{:.1f}"),
     ("actor/grad_norm", "grad", "{:.3g}"),
+    ("time/teacher_s", "teacher", "{:.1f}s"),
     ("time/rollout_s", "rollout", "{:.1f}s"),
     ("time/reward_s", "reward-time", "{:.1f}s"),
     ("time/update_s", "update", "{:.1f}s"),

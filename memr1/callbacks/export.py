@@ -7,6 +7,8 @@ from pathlib import Path
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from memr1.llm.loading import write_warm_start
+
 log = logging.getLogger(__name__)
 
 
@@ -14,11 +16,13 @@ class ExportPolicy(Callback):
     """Writes `dirpath/last` at the end of training and `dirpath/best` whenever `monitor` improves.
 
     A LoRA policy is saved as its adapter (small; `load_policy(adapter=...)` merges it into the base),
-    a full policy as a complete checkpoint with its tokenizer.
+    a full policy as a complete checkpoint with its tokenizer. `init`: the warm start the policy was
+    trained from; a LoRA export names it (`warm_start.json`), so loading it applies both in order.
     """
 
-    def __init__(self, dirpath: str | Path, monitor: str | None = None, mode: str = "max") -> None:
+    def __init__(self, dirpath: str | Path, monitor: str | None = None, mode: str = "max", init: str | None = None) -> None:
         self.dirpath = Path(dirpath)
+        self.init = init
         self.monitor = monitor
         self.sign = 1.0 if mode == "max" else -1.0
         self.best: float | None = None
@@ -27,6 +31,8 @@ class ExportPolicy(Callback):
         target = self.dirpath / name
         pl_module.policy.save_pretrained(target)
         pl_module.tokenizer.save_pretrained(target)
+        if self.init is not None and (target / "adapter_config.json").is_file():
+            write_warm_start(target, self.init)
         log.info("exported the policy to %s", target)
         return target
 

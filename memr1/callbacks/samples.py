@@ -33,6 +33,8 @@ class SampleLog(Callback):
         step = trainer.global_step
         if not trainer.is_global_zero or (step - 1) % self.every_n_steps:
             return
+        if getattr(pl_module, "last_rollout", None) is None:  # SFT samples nothing: its targets are on file
+            return
         rollout, rewards = pl_module.last_rollout
         tokenizer = pl_module.tokenizer
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ padding.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,6 +169,7 @@ def load_policy(
         `adapter_config.json`), merged into the base weights, or a full checkpoint directory
         (`config.json`), which replaces the base weights. A LoRA adapter is merged because a loaded
         policy is used for inference or as a frozen agent; to keep training an adapter, use peft.
+        An adapter trained from a warm start is applied after it (`checkpoint_chain`).
     The model is returned on CPU in eval mode.
     """
     torch_dtype = resolve_dtype(dtype)
@@ -175,24 +177,53 @@ def load_policy(
     tokenizer = load_tokenizer(name_or_path, cache_dir)
     if adapter is None:
         return _from_pretrained(AutoModelForCausalLM, base, dtype=torch_dtype).eval(), tokenizer
-    adapter_dir = Path(adapter)
-    if not adapter_dir.is_dir():
-        raise FileNotFoundError(f"adapter {adapter_dir}: no such directory")
-    if (adapter_dir / "adapter_config.json").is_file():
-        from peft import PeftModel  # peft's import is slow and only LoRA checkpoints need it
+    chain = checkpoint_chain(adapter)
+    model = None
+    for position, checkpoint in enumerate(chain):
+        if (checkpoint / "adapter_config.json").is_file():
+            from peft import PeftModel  # peft's import is slow and only LoRA checkpoints need it
 
-        base_model = _from_pretrained(AutoModelForCausalLM, base, dtype=torch_dtype)
-        merged = PeftModel.from_pretrained(base_model, str(adapter_dir)).merge_and_unload()
-        return merged.eval(), tokenizer
-    if (adapter_dir / "config.json").is_file():
-        model = _from_pretrained(AutoModelForCausalLM, str(adapter_dir), dtype=torch_dtype)
-        if (adapter_dir / "tokenizer_config.json").is_file():
-            tokenizer = load_tokenizer(adapter_dir)
-        return model.eval(), tokenizer
-    raise FileNotFoundError(
-        f"adapter {adapter_dir}: neither a LoRA adapter (adapter_config.json) "
-        "nor a full Hugging Face checkpoint (config.json)"
-    )
+            if model is None:
+                model = _from_pretrained(AutoModelForCausalLM, base, dtype=torch_dtype)
+            model = PeftModel.from_pretrained(model, str(checkpoint)).merge_and_unload()
+        elif position == 0:  # a full checkpoint replaces the base weights: only a chain's first can
+            model = _from_pretrained(AutoModelForCausalLM, str(checkpoint), dtype=torch_dtype)
+            if (checkpoint / "tokenizer_config.json").is_file():
+                tokenizer = load_tokenizer(checkpoint)
+        else:
+            raise ValueError(f"adapter {adapter}: the full checkpoint {checkpoint} cannot follow a warm start")
+    assert model is not None  # the chain holds at least `adapter`
+    return model.eval(), tokenizer
+
+
+WARM_START_FILE = "warm_start.json"
+
+
+def write_warm_start(export_dir: str | os.PathLike[str], init: str | os.PathLike[str]) -> None:
+    """Record in a LoRA export that its adapter was trained on top of the checkpoint `init`."""
+    (Path(export_dir) / WARM_START_FILE).write_text(json.dumps({"init": str(Path(init).resolve())}) + "\n")
+
+
+def checkpoint_chain(adapter: str | os.PathLike[str]) -> list[Path]:
+    """The checkpoints to apply to the backbone, first to last: `adapter`'s warm starts (each LoRA
+    export names its own in `warm_start.json`), then `adapter` itself; each one must exist."""
+    chain: list[Path] = []
+    current: Path | None = Path(adapter)
+    while current is not None:
+        if current in chain:
+            raise ValueError(f"adapter {adapter}: its warm starts loop back to {current}")
+        if not current.is_dir():
+            named = f", the warm start named in {chain[0] / WARM_START_FILE}" if chain else ""
+            raise FileNotFoundError(f"adapter {current}: no such directory{named}")
+        if not (current / "adapter_config.json").is_file() and not (current / "config.json").is_file():
+            raise FileNotFoundError(
+                f"adapter {current}: neither a LoRA adapter (adapter_config.json) "
+                "nor a full Hugging Face checkpoint (config.json)"
+            )
+        chain.insert(0, current)
+        pointer = current / WARM_START_FILE
+        current = Path(json.loads(pointer.read_text())["init"]) if pointer.is_file() else None
+    return chain
 
 
 def _from_pretrained(auto_class: type, name_or_path: str, **kwargs: object) -> object:

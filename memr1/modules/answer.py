@@ -25,10 +25,12 @@ class AnswerRLModule(RLModule):
         outputs = self.engine.generate([self.env.prompt(state) for state in states], greedy)
         answers = [self.env.agent.parse(samples[0].text).answer for samples in outputs]
         self.val_metrics.update(answers, [s.question.answer for s in states], [s.question.category for s in states])
+        self.sample_validation_rewards(states)
 
     def on_validation_epoch_end(self) -> None:
         scores = self.val_metrics.compute()
         self.log_dict({f"val/{key}": scores[key] for key in ("f1", "bleu1", "em")}, prog_bar=True, sync_dist=False)
+        self.log_sampled_validation_reward()
 
     def extra_metrics(self, rewards: Sequence[Reward]) -> dict[str, float]:
         words = [float(r.info.get("answer_words", 0.0)) for r in rewards]

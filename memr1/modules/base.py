@@ -34,7 +34,7 @@ from memr1.llm.sampling import SamplingConfig
 from memr1.rl import core
 from memr1.rl.batch import RolloutBatch, pack_rollouts, response_logprobs, response_values
 
-ALGORITHMS = ("ppo", "grpo")
+ALGORITHMS = ("ppo", "grpo", "sft")  # sft: memr1.modules.sft
 
 
 @dataclass
@@ -98,6 +98,7 @@ class RLModule(LightningModule):
         seed: int = 0,
         probe_states: int = 0,
         probe_every_n_steps: int = 0,
+        val_sampled_reward: bool = False,
     ) -> None:
         super().__init__()
         if algo.name == "ppo" and critic is None:
@@ -118,6 +119,10 @@ class RLModule(LightningModule):
         # compares different questions each step, the probe reward the same ones (`train/probe_reward`).
         self.probe_count, self.probe_every_n_steps = probe_states, probe_every_n_steps
         self.probe: list[Any] = []
+        # Validation also samples each state once as rollouts do (`val/sampled_reward`): the reward the
+        # training curve reports, on held-out states, beside the greedy metrics.
+        self.val_sampled_reward = val_sampled_reward
+        self._val_sampled: list[float] = []
         self.strict_loading = False  # checkpoints hold the trainable weights only (on_save_checkpoint)
         self.save_hyperparameters({"algo": asdict(algo), "seed": seed})
 
@@ -361,6 +366,22 @@ class RLModule(LightningModule):
         rows = [(state, sample.text) for state, samples in zip(self.probe, outputs) for sample in samples]
         rewards = self.env.score([state for state, _ in rows], [text for _, text in rows])
         return sum(reward.score for reward in rewards) / len(rewards)
+
+    @torch.no_grad()
+    def sample_validation_rewards(self, states: Sequence[Any]) -> None:
+        """One sample per state at the rollout temperature (seeded per step and batch), scored by the
+        environment, kept for `val/sampled_reward`; nothing when the option is off."""
+        if not self.val_sampled_reward:
+            return
+        sampling = replace(self.rollout_sampling(), n=1, seed=self.seed * 1_000_003 + 7 * self.global_step + len(self._val_sampled))
+        outputs = self.engine.generate([self.env.prompt(state) for state in states], sampling)
+        rewards = self.env.score(list(states), [samples[0].text for samples in outputs])
+        self._val_sampled.extend(reward.score for reward in rewards)
+
+    def log_sampled_validation_reward(self) -> None:
+        if self._val_sampled:
+            self.log("val/sampled_reward", sum(self._val_sampled) / len(self._val_sampled))
+        self._val_sampled = []
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         raise_if_requested()

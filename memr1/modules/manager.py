@@ -26,10 +26,12 @@ class ManagerRLModule(RLModule):
         outputs = self.engine.generate([self.env.prompt(state) for state in states], greedy)
         rewards = self.env.score(states, [samples[0].text for samples in outputs])
         self._val_rewards.extend(r.score for r in rewards)
+        self.sample_validation_rewards(states)
 
     def on_validation_epoch_end(self) -> None:
         if self._val_rewards:
             self.log("val/reward", sum(self._val_rewards) / len(self._val_rewards), prog_bar=True)
+        self.log_sampled_validation_reward()
 
     def extra_metrics(self, rewards: Sequence[Reward]) -> dict[str, float]:
         ops = Counter(str(r.info.get("op", OpKind.NOOP.value)) for r in rewards)

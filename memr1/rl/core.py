@@ -129,6 +129,12 @@ def aggregate_loss(
     return masked_mean(per_sequence, has_tokens)
 
 
+def sft_loss(logprobs: Tensor, response_mask: Tensor, loss_agg_mode: LossAggMode = "token-mean") -> Tensor:
+    """Memory-SFT's loss: the negative log-likelihood of the teacher's response tokens (bs, L) under
+    their mask (bs, L), aggregated like the RL losses; prompt tokens never enter it."""
+    return aggregate_loss(-logprobs, response_mask, loss_agg_mode)
+
+
 # --- rewards and advantages ------------------------------------------------------------------------
 
 

@@ -1,0 +1,179 @@
+"""Multi-stage schedules as one resumable command: `memr1 pipeline NAME` (conf/pipeline/NAME.yaml).
+
+A schedule is a list of stages, each one `train.py` or `evaluate.py` run with its own overrides in its
+own directory `<root>/<stage>` (train.py's `run_dir`, evaluate.py's `hydra.run.dir`). An argument may
+name an earlier stage's directory as `{stage-name}` (e.g. `model.init={answer-sft}/policy/best`) and the
+schedule's root as `{root}`. The paper's alternating schedule is `conf/pipeline/alternating.yaml`;
+`make train` runs `conf/pipeline/demo.yaml`.
+
+Resuming: a stage that finished has a `STAGE_DONE` file and is skipped; a training stage that was
+stopped (SIGTERM / SIGINT are passed on to it, and it checkpoints) or killed resumes from its newest
+checkpoint (`ckpt_path=last`); an evaluation stage is rerun. So running the same command again after
+any interruption finishes the schedule without redoing finished work.
+
+Stages marked `report: <label>` (evaluations) form the closing table: one row per label, F1 / BLEU-1 /
+EM / format errors / mean words from the stage's `report.json`, each row's F1 set against the first
+row's (the baseline), with a plain sentence saying whether the trained rows beat it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEDULES = ROOT / "conf" / "pipeline"
+SCRIPTS = ("train.py", "evaluate.py")
+DONE = "STAGE_DONE"
+
+log = logging.getLogger("memr1.pipeline")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    script: str
+    args: tuple[str, ...]
+    report: str | None = None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    name: str
+    root: Path
+    stages: tuple[Stage, ...]
+
+
+def load_schedule(name_or_path: str, root: str | None = None, overrides: Sequence[str] = ()) -> Schedule:
+    """The schedule `conf/pipeline/<name>.yaml` (or a YAML path); `overrides` are added to every stage
+    of the script they are written for (`train.py:KEY=VALUE`, `evaluate.py:KEY=VALUE`) or of both."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = SCHEDULES / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in SCHEDULES.glob("*.yaml"))
+        raise FileNotFoundError(f"pipeline {name_or_path!r}: no file {path} (known schedules: {known})")
+    spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    if not isinstance(spec, dict) or not isinstance(spec.get("stages"), list) or not spec["stages"]:
+        raise ValueError(f"{path}: stages: a non-empty list of stages is required")
+    common: dict[str, list[str]] = {script: list(spec.get("overrides", {}).get(script, [])) for script in SCRIPTS}
+    for override in overrides:
+        prefixed = [script for script in SCRIPTS if override.startswith(script + ":")]
+        for target in prefixed or SCRIPTS:
+            common[target].append(override[len(target) + 1 :] if prefixed else override)
+    stages: list[Stage] = []
+    for position, stage in enumerate(spec["stages"]):
+        where = f"{path}: stages[{position}]"
+        if not isinstance(stage, dict) or "name" not in stage or stage.get("script") not in SCRIPTS:
+            raise ValueError(f"{where}: a stage needs a name and a script ({' or '.join(SCRIPTS)})")
+        if any(stage["name"] == earlier.name for earlier in stages):
+            raise ValueError(f"{where}: the stage name {stage['name']!r} is used twice")
+        args = tuple(str(arg) for arg in [*common[stage["script"]], *stage.get("args", [])])
+        stages.append(Stage(stage["name"], stage["script"], args, stage.get("report")))
+    return Schedule(path.stem, Path(root or spec.get("root") or f"runs/pipeline/{path.stem}"), tuple(stages))
+
+
+def stage_command(schedule: Schedule, stage: Stage) -> list[str]:
+    """The stage's command line, with `{root}` and `{stage}` placeholders filled in."""
+    places = {"root": str(schedule.root), **{s.name: str(schedule.root / s.name) for s in schedule.stages}}
+    try:
+        args = [arg.format(**places) for arg in stage.args]
+    except KeyError as missing:
+        raise ValueError(f"pipeline {schedule.name}: stage {stage.name}: {missing} names no stage") from None
+    directory = schedule.root / stage.name
+    if stage.script == "train.py":
+        args.append(f"run_dir={directory}")
+        if any((directory / "checkpoints").glob("*.ckpt")):
+            args.append("ckpt_path=last")
+    else:
+        args.append(f"hydra.run.dir={directory}")
+    return [sys.executable, str(ROOT / stage.script), *args]
+
+
+def run_schedule(schedule: Schedule) -> int:
+    """Run the stages that have not finished, in order; 0 when all have, else the failing stage's
+    exit status (a stop by signal is 128 + its number, as train.py's own)."""
+    schedule.root.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    for number, stage in enumerate(schedule.stages, start=1):
+        directory = schedule.root / stage.name
+        if (directory / DONE).is_file():
+            log.info("stage %d/%d %s: done before, skipped", number, len(schedule.stages), stage.name)
+            continue
+        command = stage_command(schedule, stage)
+        log.info("stage %d/%d %s: %s", number, len(schedule.stages), stage.name, " ".join(command[1:]))
+        stage_started = time.perf_counter()
+        code = _run_forwarding_signals(command)
+        if code != 0:
+            log.error(
+                "stage %s failed with exit status %d; its log is in %s. Run the same command again to resume.",
+                stage.name, code, directory,
+            )
+            return code
+        (directory / DONE).write_text(json.dumps({"seconds": round(time.perf_counter() - stage_started, 1)}) + "\n")
+        log.info("stage %s finished in %.0f s", stage.name, time.perf_counter() - stage_started)
+    log.info("pipeline %s finished in %.0f s (stages run now)", schedule.name, time.perf_counter() - started)
+    table = report_table(schedule)
+    if table:
+        (schedule.root / "report.md").write_text(table + "\n")
+        print(table, flush=True)
+    return 0
+
+
+def _run_forwarding_signals(command: list[str]) -> int:
+    """Run `command`, passing SIGTERM / SIGINT on to it so that it checkpoints before it exits."""
+    process = subprocess.Popen(command, cwd=ROOT)
+    forward = lambda signum, frame: process.send_signal(signum)  # noqa: E731
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return process.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+REPORT_COLUMNS = (("f1", "F1"), ("bleu1", "BLEU-1"), ("em", "EM"), ("format_error_rate", "format errors %"), ("mean_answer_words", "mean words"))
+
+
+def report_rows(schedule: Schedule) -> list[tuple[str, dict[str, Any]]]:
+    """(label, report.json) of every finished stage marked `report`, in schedule order."""
+    rows = []
+    for stage in schedule.stages:
+        report = schedule.root / stage.name / "report.json"
+        if stage.report and report.is_file():
+            rows.append((stage.report, json.loads(report.read_text())))
+    return rows
+
+
+def report_table(schedule: Schedule) -> str:
+    """The closing table (see the module docstring); "" when no stage reports."""
+    rows = report_rows(schedule)
+    if not rows:
+        return ""
+    header = "| agent | " + " | ".join(title for _, title in REPORT_COLUMNS) + " | ΔF1 vs " + rows[0][0] + " | wall s |"
+    lines = [header, "|" + "---|" * (len(REPORT_COLUMNS) + 3)]
+    base_f1 = float(rows[0][1]["scores"]["f1"])
+    for label, report in rows:
+        scores = report["scores"]
+        cells = [f"{float(scores.get(key, float('nan'))):.2f}" for key, _ in REPORT_COLUMNS]
+        delta = float(scores["f1"]) - base_f1
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {delta:+.2f} | {report['settings'].get('wall_time_s', '')} |")
+    questions = int(rows[0][1]["scores"].get("count", 0))
+    split = rows[0][1]["settings"].get("split", "")
+    lines.append("")
+    lines.append(f"{questions} {split} questions, greedy decoding, the same questions and banks in every row.")
+    for label, report in rows[1:]:
+        delta = float(report["scores"]["f1"]) - base_f1
+        verdict = "beats" if delta > 0 else "does NOT beat"
+        lines.append(f"{label} {verdict} {rows[0][0]}: F1 {delta:+.2f}.")
+    return "\n".join(lines)

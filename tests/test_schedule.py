@@ -1,0 +1,125 @@
+"""`memr1 pipeline`: schedules load with clear errors, stages resume after a kill at a stage boundary,
+and the closing table says whether the trained rows beat the base."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from memr1.llm.loading import load_tokenizer
+from memr1.llm.testing import save_tiny_checkpoint
+from memr1.schedule import DONE, load_schedule, report_table, stage_command
+from tests.processes import ROOT, environment
+
+# The alternating schedule, sized for a tiny random model: every stage runs in seconds.
+TINY_ALTERNATING = (
+    "train.py:model.k_per_speaker=1", "train.py:algo.max_new_tokens=6", "train.py:algo.micro_batch_size=2",
+    "train.py:++algo.group_size=2", "train.py:data_loader.states_per_step=2", "train.py:data_loader.max_steps=2",
+    "train.py:data_loader.val_check_interval=2", "train.py:data_loader.limit_val_batches=1",
+    "train.py:data_loader.val_batch_size=2", "train.py:data_loader.probe_states=0",
+    "train.py:checkpoint.every_n_train_steps=1", "train.py:logging.wandb=false", "train.py:lora.enabled=true",
+    "evaluate.py:max_questions=2", "evaluate.py:answer.k_per_speaker=1", "evaluate.py:answer.max_new_tokens=4",
+    "evaluate.py:manager.max_new_tokens=6",
+)
+
+
+def test_an_unknown_schedule_lists_the_known_ones():
+    with pytest.raises(FileNotFoundError, match=r"known schedules: \[.*'alternating'.*'demo'"):
+        load_schedule("alternate")
+
+
+def test_schedule_errors_name_the_file_and_stage(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("stages:\n  - {name: a, script: train.py}\n  - {name: a, script: evaluate.py}\n")
+    with pytest.raises(ValueError, match=r"bad.yaml: stages\[1\]: the stage name 'a' is used twice"):
+        load_schedule(str(path))
+    path.write_text("stages:\n  - {name: a, script: run.py}\n")
+    with pytest.raises(ValueError, match=r"stages\[0\]: a stage needs a name and a script"):
+        load_schedule(str(path))
+    path.write_text("stages:\n  - {name: a, script: train.py, args: ['model.init={sft}/policy/best']}\n")
+    with pytest.raises(ValueError, match="stage a: 'sft' names no stage"):
+        stage_command(load_schedule(str(path)), load_schedule(str(path)).stages[0])
+
+
+def test_stage_commands_fill_in_directories_and_route_overrides(tmp_path):
+    schedule = load_schedule("alternating", root=str(tmp_path), overrides=["seed=3", "train.py:lora.enabled=true", "evaluate.py:split=test"])
+    grpo = next(s for s in schedule.stages if s.name == "manager-grpo")
+    command = stage_command(schedule, grpo)
+    assert command[1].endswith("train.py")
+    assert f"model.init={tmp_path}/manager-sft/policy/best" in command
+    assert {"seed=3", "lora.enabled=true", f"run_dir={tmp_path}/manager-grpo"} <= set(command)
+    assert "split=test" not in command and "ckpt_path=last" not in command
+    (tmp_path / "manager-grpo" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "manager-grpo" / "checkpoints" / "step=1.ckpt").write_bytes(b"x")
+    assert stage_command(schedule, grpo)[-1] == "ckpt_path=last"  # a stopped stage resumes
+    evaluation = stage_command(schedule, schedule.stages[-1])
+    assert {"seed=3", "split=test", f"hydra.run.dir={tmp_path}/evaluate"} <= set(evaluation)
+    assert "lora.enabled=true" not in evaluation
+
+
+def write_report(directory: Path, f1: float, words: float) -> None:
+    directory.mkdir(parents=True)
+    scores = {"f1": f1, "bleu1": f1 / 2, "em": 0.0, "format_error_rate": 50.0, "mean_answer_words": words, "count": 24}
+    (directory / "report.json").write_text(json.dumps({"scores": scores, "settings": {"split": "validation", "wall_time_s": 12.5}}))
+
+
+def test_the_closing_table_sets_each_row_against_the_base(tmp_path):
+    schedule = load_schedule("demo", root=str(tmp_path))
+    write_report(tmp_path / "base-eval", 8.5, 14.0)
+    write_report(tmp_path / "sft-eval", 20.25, 3.0)
+    write_report(tmp_path / "grpo-eval", 7.0, 2.5)
+    table = report_table(schedule)
+    lines = table.splitlines()
+    assert lines[2] == "| base | 8.50 | 4.25 | 0.00 | 50.00 | 14.00 | +0.00 | 12.5 |"
+    assert lines[3] == "| SFT | 20.25 | 10.12 | 0.00 | 50.00 | 3.00 | +11.75 | 12.5 |"
+    assert "24 validation questions" in table
+    assert "SFT beats base: F1 +11.75." in lines
+    assert "SFT+GRPO does NOT beat base: F1 -1.50." in lines
+
+
+@pytest.fixture(scope="module")
+def backbone(tmp_path_factory) -> Path:
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "model", load_tokenizer("embedded:smollm2-135m-instruct"))
+
+
+def pipeline_command(backbone: Path, root: Path, banks: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "memr1.cli", "pipeline", "alternating", "--root", str(root),
+        f"backbone.name_or_path={backbone}", f"banks.dir={banks}", *TINY_ALTERNATING,
+    ]
+
+
+def test_the_alternating_pipeline_resumes_after_a_kill_at_a_stage_boundary(backbone, tmp_path):
+    root, log = tmp_path / "run", tmp_path / "log.txt"
+    command = pipeline_command(backbone, root, tmp_path / "banks")
+    first_done = root / "manager-sft" / DONE
+    with log.open("w") as out:
+        process = subprocess.Popen(command, cwd=ROOT, env=environment(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while process.poll() is None and not first_done.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert first_done.exists(), log.read_text()[-3000:]
+        os.killpg(process.pid, signal.SIGKILL)  # the runner and whatever stage it had begun
+        process.wait(timeout=60)
+    assert not (root / "manager-grpo" / DONE).exists()
+    finished_first = first_done.read_text()
+    metrics = (root / "manager-sft" / "csv" / "metrics.csv").read_text()
+
+    rerun = subprocess.run(command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
+    assert "stage 1/5 manager-sft: done before, skipped" in rerun.stderr
+    assert first_done.read_text() == finished_first
+    assert (root / "manager-sft" / "csv" / "metrics.csv").read_text() == metrics  # not trained again
+    for stage in ("manager-grpo", "answer-sft", "answer-grpo", "evaluate"):
+        assert (root / stage / DONE).exists(), stage
+    # Each RL stage started from its SFT stage's export, and the answer stages used the trained Manager.
+    assert json.loads((root / "answer-grpo" / "policy" / "last" / "warm_start.json").read_text())["init"].endswith("answer-sft/policy/best")
+    assert "| alternating |" in rerun.stdout
+    print({stage: json.loads((root / stage / DONE).read_text())["seconds"] for stage in ("manager-grpo", "answer-sft", "answer-grpo", "evaluate")})
