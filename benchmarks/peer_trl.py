@@ -12,7 +12,7 @@ The same work on both sides:
   `--lr`, one optimiser step per rollout batch, KL coefficient `--beta` (the paper's 0.001) to the
   adapter-free reference, clip 0.2, group-normalised advantages, token-mean loss (TRL's "dapo");
 - reward: token F1 of the parsed answer against the gold answer, the same Python function
-  (`memr1.envs.rewards.answer_reward` after `AnswerAgent(distill=False).parse`) imported on both sides.
+  (`memr1.metrics.lexical.token_f1` after `AnswerAgent(distill=False).parse`) imported on both sides.
 
 TRL runs in its own venv (`make bench-peer` builds it under $MEMR1_CACHE/venvs/trl: trl, peft, CPU torch
 2.13.0 and the two pure-Python packages the reward imports), so the project's dependencies stay as they
@@ -49,11 +49,13 @@ def cpu_seconds() -> float:
 
 
 def f1_reward(completion: str, gold: str) -> float:
-    """The reward of both sides: token F1 of the no-distill agent's parsed answer."""
+    """The reward of both sides: token F1 of the no-distill agent's parsed answer (what
+    `memr1.envs.rewards.answer_reward(..., "f1")` computes; imported from the metric itself, as
+    `memr1.envs` needs Milvus, which the TRL venv does not have)."""
     from memr1.agents.answer import AnswerAgent
-    from memr1.envs.rewards import answer_reward
+    from memr1.metrics.lexical import token_f1
 
-    return answer_reward(AnswerAgent(distill=False).parse(completion).answer, gold, "f1")
+    return token_f1(AnswerAgent(distill=False).parse(completion).answer, gold)
 
 
 # -- the prompts (memr1's venv) ------------------------------------------------------------------------
@@ -67,7 +69,8 @@ def dump_prompts(path: Path, count: int, k: int) -> None:
     from memr1.llm.loading import load_tokenizer, resolve_checkpoint
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("train", ["model=answer", "model.distill=false", f"model.k_per_speaker={k}"])
+        # Banks of its own (ADD-all, built in seconds): a training run may hold the default ones.
+        cfg = compose("train", ["model=answer", "model.distill=false", f"model.k_per_speaker={k}", f"banks.dir={path.parent / 'banks'}"])
     data = RLStatesDataModule.from_config(cfg)
     data.setup()
     env = AnswerEnv(AnswerAgent(distill=False))

@@ -8,6 +8,7 @@ policy fits them. Prints the sampled reward per step and the greedy reward befor
 exits 1 when the last 3 steps' mean sampled reward is not at least twice the first step's.
 
     .venv/bin/python scripts/overfit_check.py [--steps 15] [--out runs/overfit_check.json]
+    .venv/bin/python scripts/overfit_check.py algo.ppo_epochs=2 algo.mini_batch_size=16   # other settings
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("overrides", nargs="*", help="train.py overrides on top of the check's own")
     args = parser.parse_args()
 
     from hydra import compose, initialize_config_dir
@@ -57,7 +59,7 @@ def main() -> None:
 
     quiet_third_party()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=OVERRIDES)
+        cfg = compose("train", overrides=[*OVERRIDES, *args.overrides])
     seed_everything(cfg.seed, verbose=False)
     data = RLStatesDataModule.from_config(cfg)
     data.setup("fit")
@@ -72,7 +74,8 @@ def main() -> None:
     class Report(Callback):
         def on_train_batch_end(self, trainer, pl_module, *rest) -> None:
             metrics = pl_module.step_metrics
-            rows.append({key: metrics[key] for key in ("reward/mean", "response/length_mean", "reward/zero_std_group_frac", "time/rollout_s", "time/update_s")})
+            rows.append({key: metrics[key] for key in ("reward/mean", "response/length_mean", "reward/zero_std_group_frac", "time/rollout_s", "time/update_s")}
+                        | {key: value for key, value in metrics.items() if key.startswith(("actor/clip_frac", "actor/approx_kl"))})
             print(f"step {trainer.global_step:2d} | sampled reward {metrics['reward/mean']:.3f} | zero-spread {metrics['reward/zero_std_group_frac']:.2f} "
                   f"| length {metrics['response/length_mean']:.1f} | rollout {metrics['time/rollout_s']:.0f}s update {metrics['time/update_s']:.0f}s", flush=True)
 
@@ -88,7 +91,7 @@ def main() -> None:
     print(f"wall time {time.perf_counter() - started:.0f} s, load average {os.getloadavg()[0]:.2f}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"overrides": OVERRIDES, "greedy_before": before, "greedy_after": after, "steps": rows, "doubled": doubled}, indent=2))
+        args.out.write_text(json.dumps({"overrides": [*OVERRIDES, *args.overrides], "wall_s": time.perf_counter() - started, "greedy_before": before, "greedy_after": after, "steps": rows, "doubled": doubled}, indent=2))
     data.teardown("fit")
     sys.exit(0 if doubled else 1)
 

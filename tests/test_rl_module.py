@@ -142,7 +142,9 @@ def test_val_before_train_puts_the_base_policy_at_step_zero(tokenizer, tmp_path,
     memories = {"Andrew": [MemoryEntry("m1", "Andrew adopted two dogs, Buddy and Scout", "Andrew", "1 May, 2023")]}
     states = [AnswerState(Question("c/q0", "c", "What are Andrew's dogs called?", "Buddy and Scout", ("D1:1",), 1), memories)]
     algo = AlgoConfig(name="grpo", group_size=2, max_new_tokens=4, actor_lr=1e-4, kl_coef=0.0, micro_batch_size=2)
-    module = AnswerRLModule(tiny_causal_lm(tokenizer, seed=4), tokenizer, AnswerEnv(AnswerAgent(), reward="f1"), algo, seed=0)
+    module = AnswerRLModule(
+        tiny_causal_lm(tokenizer, seed=4), tokenizer, AnswerEnv(AnswerAgent(), reward="f1"), algo, seed=0, val_sampled_reward=True
+    )
     trainer = Trainer(
         accelerator="cpu",
         max_steps=2,
@@ -157,6 +159,9 @@ def test_val_before_train_puts_the_base_policy_at_step_zero(tokenizer, tmp_path,
     fit(trainer, module, AnswerStatesData(states), ckpt_path=None, val_before_train=val_before_train)
     curves = json.loads((tmp_path / "curves.json").read_text())
     assert [step for step, _ in curves["val"]["val/f1"]] == ([0, 2] if val_before_train else [2])
+    # Beside the greedy F1, the sampled reward of the same validation states at every check.
+    assert [step for step, _ in curves["val"]["val/sampled_reward"]] == ([0, 2] if val_before_train else [2])
+    assert all(0.0 <= value <= 1.0 for _, value in curves["val"]["val/sampled_reward"])
     assert [step for step, _ in curves["train"]["reward/mean"]] == [1, 2]
     assert (tmp_path / "policy" / "best" / "config.json").exists()
 
@@ -210,3 +215,16 @@ def test_the_probe_reward_scores_fixed_states_with_a_fixed_seed(tokenizer):
     # The same policy and the same seed give the same samples: the probe moves only when the policy does.
     assert module.probe_reward() == logged == module.probe_reward()
     assert logged > 0
+
+
+def test_the_sampled_validation_reward_samples_at_the_rollout_temperature(tokenizer):
+    algo = AlgoConfig(name="grpo", group_size=4, max_new_tokens=12, temperature=1.0, kl_coef=0.0, micro_batch_size=4)
+    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), algo, seed=3, val_sampled_reward=True)
+    states = ["Say hello.", "Count to three.", "Name a dog.", "Spell cat."]
+    module.sample_validation_rewards(states)
+    module.sample_validation_rewards(states)  # the next batch draws with its own seed
+    first, second = module._val_sampled[:4], module._val_sampled[4:]
+    assert len(first) == len(second) == 4 and first != second  # sampled, not greedy
+    off = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), algo, seed=3)
+    off.sample_validation_rewards(states)
+    assert off._val_sampled == []

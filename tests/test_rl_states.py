@@ -13,6 +13,7 @@ Questions (category 5 excluded): q0 evidence D1:2, q1 D1:1 + D1:3, q3 D2:1, q4 n
 from __future__ import annotations
 
 import dataclasses
+import json
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -364,3 +365,33 @@ def test_conv_26_manager_states_and_skipped_turns() -> None:
     # 152 questions, 2 without evidence, 133 distinct evidence turns: 92 hold 104 facts, 41 hold none.
     assert len(states) == 104
     assert states.skipped_turns == 41
+
+
+# ---- teacher trajectories on the fixture ---------------------------------------------------------------
+
+
+def test_teacher_rows_for_the_fixture_conversation(conversations, teachers) -> None:
+    """Checked by hand against tests/fixtures/locomo_mini.json: "What is the name of Ana's dog?" cites
+    D1:1 and D1:3, whose facts are ADOPTED (D1:1) and PARK (D1:1, D1:3), both of session 1."""
+    from memr1.agents.answer import AnswerAgent
+    from memr1.envs.answer import AnswerEnv
+    from memr1.teachers import EvidenceAnswerTeacher, RuleManagerTeacher
+
+    answer_states = AnswerStates(conversations[:1], teachers, k_per_speaker=3)
+    state = next(answer_states[i] for i in range(len(answer_states)) if answer_states[i].question.qid == "mini-1/q1")
+    lines = EvidenceAnswerTeacher().target(state, AnswerEnv(AnswerAgent()).prompt(state)).splitlines()
+    assert lines[0] == "**Relevant memories:**" and lines[-1] == "**Answer:** Rex"
+    assert sorted(lines[1:-1]) == [f"[1:56 pm on 8 May, 2023] {ADOPTED}", f"[1:56 pm on 8 May, 2023] {PARK}"]
+    # Ben's memories were retrieved too (3 per speaker) but cite no evidence turn: not copied.
+    assert any(m.speaker == "Ben" for m in state.memories["Ben"])
+
+    manager_states = ManagerStates(conversations[:1], teachers.__getitem__, window=2, num_candidates=5)
+    rule = RuleManagerTeacher(duplicate_score=0.85)
+    # D1:3's fact (PARK) against its window bank {ADOPTED, RUNNING}: ADOPTED is Ana's, similar but not a
+    # duplicate (cosine < 0.85), so the fact is ADDed under the next temporary id, 1.
+    park = manager_states[2]
+    assert [(c.text, c.score < 0.85) for c in park.candidates] == [(ADOPTED, True)]
+    assert rule.target(park, []) == json.dumps({"memory": [{"id": "1", "text": PARK, "event": "ADD"}]})
+    # With a threshold under that similarity the same candidate counts as a duplicate: NONE on id 0.
+    loose = RuleManagerTeacher(duplicate_score=park.candidates[0].score - 1e-6)
+    assert loose.target(park, []) == json.dumps({"memory": [{"id": "0", "text": ADOPTED, "event": "NONE"}]})
