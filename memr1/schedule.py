@@ -7,7 +7,7 @@ schedule's root as `{root}`. The paper's alternating schedule is `conf/pipeline/
 `make train` runs `conf/pipeline/demo.yaml`.
 
 Resuming: a stage that finished has a `STAGE_DONE` file and is skipped; a training stage that was
-stopped (SIGTERM / SIGINT are passed on to it, and it checkpoints) or killed resumes from its newest
+stopped (SIGTERM is passed on to it, Ctrl-C reaches it from the terminal; it checkpoints) or killed resumes from its newest
 checkpoint (`ckpt_path=last`); an evaluation stage is rerun. So running the same command again after
 any interruption finishes the schedule without redoing finished work.
 
@@ -131,10 +131,14 @@ def run_schedule(schedule: Schedule) -> int:
 
 
 def _run_forwarding_signals(command: list[str]) -> int:
-    """Run `command`, passing SIGTERM / SIGINT on to it so that it checkpoints before it exits."""
+    """Run `command` so that a stop reaches it once, and it checkpoints before it exits: SIGTERM
+    (schedulers, `kill`) is passed on to it; Ctrl-C already reaches it from the terminal, being in
+    the same process group, so the runner only waits (a second copy would make it stop at once)."""
     process = subprocess.Popen(command, cwd=ROOT)
-    forward = lambda signum, frame: process.send_signal(signum)  # noqa: E731
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {
+        signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, frame: process.send_signal(signum)),
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    }
     try:
         return process.wait()
     finally:

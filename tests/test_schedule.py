@@ -123,3 +123,32 @@ def test_the_alternating_pipeline_resumes_after_a_kill_at_a_stage_boundary(backb
     assert json.loads((root / "answer-grpo" / "policy" / "last" / "warm_start.json").read_text())["init"].endswith("answer-sft/policy/best")
     assert "| alternating |" in rerun.stdout
     print({stage: json.loads((root / stage / DONE).read_text())["seconds"] for stage in ("manager-grpo", "answer-sft", "answer-grpo", "evaluate")})
+
+
+def test_sigterm_reaches_the_running_stage_which_checkpoints_and_resumes(backbone, tmp_path):
+    schedule = tmp_path / "one.yaml"
+    schedule.write_text(
+        "stages:\n"
+        "  - name: answer-sft\n    script: train.py\n"
+        # Tiny-model SFT steps take ~0.1 s: enough of them that the signal lands mid-run.
+        "    args: [model=answer, algo=sft, data_loader.max_steps=200, data_loader.limit_val_batches=0]\n"
+    )
+    root = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "memr1.cli", "pipeline", str(schedule), "--root", str(root),
+        f"backbone.name_or_path={backbone}", f"banks.dir={tmp_path / 'banks'}", *TINY_ALTERNATING,
+    ]
+    checkpoints = root / "answer-sft" / "checkpoints"
+    with (tmp_path / "log.txt").open("w") as out:
+        process = subprocess.Popen(command, cwd=ROOT, env=environment(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while process.poll() is None and not any(checkpoints.glob("*.ckpt")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        process.send_signal(signal.SIGTERM)  # to the runner only, as a scheduler sends it
+        assert process.wait(timeout=120) == 128 + signal.SIGTERM, (tmp_path / "log.txt").read_text()[-3000:]
+    assert any(checkpoints.glob("interrupted-step=*.ckpt")) and not (root / "answer-sft" / DONE).exists()
+    rerun = subprocess.run(command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
+    assert "ckpt_path=last" in rerun.stderr and (root / "answer-sft" / DONE).exists()
+    steps = [line.split(",")[0] for line in (root / "answer-sft" / "csv" / "metrics.csv").read_text().splitlines()[1:]]
+    assert steps == [str(step) for step in range(1, 201)]  # every step logged once across the two runs

@@ -9,7 +9,7 @@ from pathlib import Path
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 TRAIN_KEYS = ("reward/mean",)
-VAL_KEYS = ("val/f1", "val/bleu1", "val/em", "val/reward")
+VAL_KEYS = ("val/f1", "val/bleu1", "val/em", "val/reward", "val/sampled_reward")
 
 
 class TrainingCurves(Callback):
