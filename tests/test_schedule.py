@@ -96,6 +96,7 @@ def pipeline_command(backbone: Path, root: Path, banks: Path) -> list[str]:
     ]
 
 
+@pytest.mark.timeout(1800)  # 2:41 alone; five real stages and a rerun, on a machine that may be loaded
 def test_the_alternating_pipeline_resumes_after_a_kill_at_a_stage_boundary(backbone, tmp_path):
     root, log = tmp_path / "run", tmp_path / "log.txt"
     command = pipeline_command(backbone, root, tmp_path / "banks")
