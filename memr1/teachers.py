@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from memr1.agents.answer import MEMORY_LINE_TEMPLATE, NO_TIMESTAMP
+from memr1.agents.answer import memory_line
 from memr1.agents.manager import temp_id_map
 from memr1.agents.text import one_line
 from memr1.envs.answer import AnswerState
@@ -64,7 +64,7 @@ class EvidenceAnswerTeacher:
             return answer
         evidence = set(state.question.evidence)
         lines = [
-            MEMORY_LINE_TEMPLATE.format(timestamp=one_line(memory.timestamp) or NO_TIMESTAMP, text=one_line(memory.text))
+            memory_line(memory)
             for memories in state.memories.values()
             for memory in memories
             if evidence.intersection(memory.provenance)

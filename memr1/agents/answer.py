@@ -136,15 +136,15 @@ class AnswerAgent:
         return AnswerParse(answer, selected, None if answer else EMPTY_ANSWER)
 
 
+def memory_line(entry: MemoryEntry) -> str:
+    """One memory as the prompt shows it: `[timestamp] text`."""
+    return MEMORY_LINE_TEMPLATE.format(timestamp=one_line(entry.timestamp) or NO_TIMESTAMP, text=one_line(entry.text))
+
+
 def _memory_lines(entries: Sequence[MemoryEntry]) -> str:
     if not entries:
         return NO_MEMORIES
-    return "\n".join(
-        MEMORY_LINE_TEMPLATE.format(
-            timestamp=one_line(entry.timestamp) or NO_TIMESTAMP, text=one_line(entry.text)
-        )
-        for entry in entries
-    )
+    return "\n".join(memory_line(entry) for entry in entries)
 
 
 def _last_marker(lines: list[str]) -> tuple[int, int] | None:

@@ -383,6 +383,14 @@ class RLModule(LightningModule):
             self.log("val/sampled_reward", sum(self._val_sampled) / len(self._val_sampled))
         self._val_sampled = []
 
+    def probe_metrics(self) -> dict[str, float]:
+        """`train/probe_reward` and its seconds at step 1 and every `probe_every_n_steps`, else nothing."""
+        if not self.probe or (self.global_step % self.probe_every_n_steps and self.global_step != 1):
+            return {}
+        started = time.perf_counter()
+        reward = self.probe_reward()
+        return {"train/probe_reward": reward, "time/probe_s": time.perf_counter() - started}
+
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         raise_if_requested()
 
@@ -400,10 +408,7 @@ class RLModule(LightningModule):
         update_stats = self._update(batch)
         self._stage_seconds["update"] = time.perf_counter() - started
         metrics = self._step_metrics(batch, rewards, group_ids, update_stats)
-        if self.probe and (self.global_step % self.probe_every_n_steps == 0 or self.global_step == 1):
-            started = time.perf_counter()
-            metrics["train/probe_reward"] = self.probe_reward()
-            metrics["time/probe_s"] = time.perf_counter() - started
+        metrics.update(self.probe_metrics())
         self.step_metrics = dict(metrics)  # the step's row of metrics.csv and of the console line
         self.log("reward/mean", metrics.pop("reward/mean"), on_step=True, prog_bar=True, batch_size=len(batch))
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch))

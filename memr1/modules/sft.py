@@ -75,10 +75,7 @@ class SupervisedStep(RLModule):
             "time/teacher_s": teacher_s,
             "time/update_s": time.perf_counter() - started,
         }
-        if self.probe and (self.global_step % self.probe_every_n_steps == 0 or self.global_step == 1):
-            started = time.perf_counter()
-            metrics["train/probe_reward"] = self.probe_reward()
-            metrics["time/probe_s"] = time.perf_counter() - started
+        metrics.update(self.probe_metrics())
         self.step_metrics = dict(metrics)
         self.log("sft/loss", metrics.pop("sft/loss"), on_step=True, prog_bar=True, batch_size=len(batch))
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch))
