@@ -23,10 +23,13 @@ def main(cfg: DictConfig) -> None:
         remove_if_empty_run(run_dir, "train.log")
         raise
     from memr1.quiet import quiet_third_party
-    from memr1.training import run_training
 
     quiet_third_party()
-    run_training(cfg, run_dir)
+    # The entry point hands the data module to the library: memr1 never imports data_modules.
+    from data_modules.rl_states import RLStatesDataModule
+    from memr1.training import run_training
+
+    run_training(cfg, run_dir, RLStatesDataModule.from_config(cfg))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ embedded SmolLM2-135M-Instruct, by answer batch size and memories per speaker.
 
 Everything goes through the pipeline's own code: `load_split` / `select_questions` pick the first N
 validation questions (the same ones in every setting); the conversation's ADD-all bank of LoCoMo
-observations is opened where `python evaluate.py manager=add_all` keeps it (`build_banks` builds it
+observations is opened where `python evaluate.py banks=add_all` keeps it (`build_banks` builds it
 there the first time, in seconds: ADD-all is one bulk write; in a temp dir when another process holds
 that file); every setting runs `answer_questions` with greedy decoding, as `evaluate.py` does.
 
@@ -42,15 +42,16 @@ from rich.table import Table  # noqa: E402
 
 from memr1.agents.answer import AnswerAgent  # noqa: E402
 from memr1.embed import Embedder  # noqa: E402
-from memr1.llm.engines import Generation, GenerationEngine, Prompt, build_engine  # noqa: E402
+from memr1.llm.engines import Generation, GenerationEngine, Prompt  # noqa: E402
+from memr1.factories import build_engine  # noqa: E402
 from memr1.llm.loading import load_policy  # noqa: E402
 from memr1.llm.sampling import SamplingConfig  # noqa: E402
 from memr1.memory import BankLockedError, MemoryBank  # noqa: E402
 from memr1.pipeline.answering import answer_questions  # noqa: E402
-from memr1.pipeline.banks import build_banks, memory_items  # noqa: E402
+from memr1.banks.build import build_banks, memory_items  # noqa: E402
 from memr1.pipeline.evaluation import load_split, open_banks, select_questions  # noqa: E402
-from memr1.pipeline.managers import AddAllPolicy  # noqa: E402
-from memr1.pipeline.timing import StageTimer  # noqa: E402
+from memr1.banks.policies import AddAllPolicy  # noqa: E402
+from memr1.timing import StageTimer  # noqa: E402
 from memr1.types import Conversation, Question  # noqa: E402
 from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
 
@@ -85,7 +86,7 @@ class SkipAnswer:
 
 
 def evaluation_config() -> DictConfig:
-    """conf/evaluate.yaml as `python evaluate.py` composes it (data=locomo, memory=facts, manager=add_all)."""
+    """conf/evaluate.yaml as `python evaluate.py` composes it (data=locomo, memory=facts, banks=add_all)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="evaluate")
 

@@ -70,7 +70,7 @@ def dump_prompts(path: Path, count: int, k: int) -> None:
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         # Banks of its own (ADD-all, built in seconds): a training run may hold the default ones.
-        cfg = compose("train", ["model=answer", "model.distill=false", f"model.k_per_speaker={k}", f"banks.dir={path.parent / 'banks'}"])
+        cfg = compose("train", ["model=answer", "answer.distill=false", f"answer.k_per_speaker={k}", f"banks.dir={path.parent / 'banks'}"])
     data = RLStatesDataModule.from_config(cfg)
     data.setup()
     env = AnswerEnv(AnswerAgent(distill=False))
@@ -92,13 +92,14 @@ def run_memr1(args: argparse.Namespace, dumped: dict[str, Any]) -> dict[str, Any
     from torch.utils.data import DataLoader
 
     from memr1.envs.base import Reward
-    from memr1.training import build_module, trainer_kwargs
+    from memr1.factories import build_module
+    from memr1.training import trainer_kwargs
 
     torch.set_num_threads(os.cpu_count() or 1)
     overrides = [
-        "model=answer", "model.distill=false", "algo=grpo", "trainer=cpu", "lora.enabled=true",
+        "model=answer", "answer.distill=false", "algo=grpo", "trainer=cpu", "lora.enabled=true",
         f"lora.r={args.rank}", f"lora.alpha={args.alpha}", f"lora.top_layers={args.top_layers}",
-        f"algo.group_size={args.group_size}", f"algo.max_new_tokens={args.response_length}",
+        f"algo.group_size={args.group_size}", f"answer.max_new_tokens={args.response_length}",
         f"algo.actor_lr={args.lr}", f"algo.kl_coef={args.beta}", "algo.temperature=1.0",
         f"algo.micro_batch_size={args.group_size * args.states}", f"seed={args.seed}",
     ]

@@ -59,7 +59,8 @@ from rich.table import Table  # noqa: E402
 from transformers import PreTrainedModel  # noqa: E402
 
 from memr1.agents.answer import AnswerAgent  # noqa: E402
-from memr1.llm.engines import ChatMessages, HFEngine, build_engine, encode_prompts  # noqa: E402
+from memr1.llm.engines import ChatMessages, HFEngine, encode_prompts  # noqa: E402
+from memr1.factories import build_engine  # noqa: E402
 from memr1.llm.loading import load_policy  # noqa: E402
 from memr1.llm.padding import left_pad  # noqa: E402
 from memr1.llm.sampling import SamplingConfig  # noqa: E402

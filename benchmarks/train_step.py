@@ -116,7 +116,8 @@ def measure_one(config: StepConfig) -> dict[str, Any]:
 
     from memr1.envs.base import Reward
     from memr1.rl.batch import pack_rollouts
-    from memr1.training import build_module, trainer_kwargs
+    from memr1.factories import build_module
+    from memr1.training import trainer_kwargs
 
     overrides = [
         "model=answer",

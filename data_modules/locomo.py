@@ -12,7 +12,6 @@ from pathlib import Path
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
-from memr1.datasets.download import ChecksumMismatchError, ensure_file
 from memr1.datasets.locomo import (
     ADVERSARIAL_CATEGORY,
     LOCOMO_SHA256,
@@ -22,17 +21,8 @@ from memr1.datasets.locomo import (
     parse_locomo,
     split_conversations,
 )
+from memr1.datasets.locomo_file import default_locomo_path, ensure_locomo
 from memr1.types import Conversation, Question
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-
-
-def default_locomo_path(project_root: Path = PROJECT_ROOT) -> Path:
-    """`../shared/data/locomo10.json` beside the project when that file exists, else `data/locomo10.json`
-    inside it (where `prepare_data` downloads it)."""
-    shared = (project_root / ".." / "shared" / "data" / "locomo10.json").resolve()
-    return shared if shared.is_file() else project_root / "data" / "locomo10.json"
-
 
 class LoCoMoDataModule(LightningDataModule):
     """LoCoMo questions per split, and the conversations they are about.
@@ -70,24 +60,7 @@ class LoCoMoDataModule(LightningDataModule):
     def prepare_data(self) -> None:
         """Check the file (its sha256 unless `sha256` is None), downloading it first when it is absent
         and downloading is allowed; `FileNotFoundError` naming `data.path` otherwise."""
-        if not self.path.is_file():
-            if not self.download:
-                raise FileNotFoundError(
-                    f"data.path={self.path}: no such file. Point data.path at your copy of locomo10.json, or "
-                    "add data.download=true to download it to that path."
-                )
-            ensure_file(self.path, self.url, self.sha256 or LOCOMO_SHA256)
-            return
-        if self.sha256 is None:  # a copy of one's own, used as it is
-            return
-        try:
-            ensure_file(self.path, self.url, self.sha256)
-        except ChecksumMismatchError as error:
-            raise ChecksumMismatchError(
-                error.path, error.expected, error.actual,
-                hint="For a copy of your own, set data.sha256=null to use it as it is; for the official file, "
-                f"delete it to download it again from {self.url}.",
-            ) from None
+        ensure_locomo(self.path, self.url, self.sha256, self.download)
 
     def setup(self, stage: str | None = None) -> None:
         # Every stage needs the same small parse (~0.2 s): do it once, whatever the stage.

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-# Values of model.bank_manager that name a builder rather than a checkpoint directory.
-BANK_BUILDERS = ("add_all", "prompted")
+# The typed groups and their dataclasses (memr1.config), checked key by key before anything heavy.
+TYPED_GROUPS = ("algo", "answer", "manager", "banks")
 
 
 class ConfigError(ValueError):
@@ -88,8 +88,44 @@ def check_devices(trainer: DictConfig, states_per_step: int) -> None:
         )
 
 
+def check_typed_groups(cfg: DictConfig) -> None:
+    """Each typed group has exactly its dataclass's fields (an unknown or misspelt key is named, with
+    the nearest field) and values the dataclass accepts; `hydra.utils.instantiate` then builds it."""
+    import dataclasses
+    import difflib
+
+    from hydra.utils import get_class, instantiate
+    from omegaconf import OmegaConf
+
+    for group in TYPED_GROUPS:
+        node = cfg.get(group)
+        if node is None:
+            continue
+        target = node.get("_target_")
+        if target is None:
+            raise ConfigError(f"{group}._target_: missing; the {group} group names its dataclass (memr1.config)")
+        schema = get_class(target)
+        fields = [field.name for field in dataclasses.fields(schema)]
+        for key in node:
+            if key != "_target_" and key not in fields:
+                near = difflib.get_close_matches(str(key), fields, n=1)
+                raise ConfigError(
+                    f"{group}.{key}: no such key in {group} ({schema.__name__})"
+                    + (f"; did you mean {group}.{near[0]}?" if near else f"; the keys are {', '.join(fields)}")
+                )
+        missing = [name for name in fields if name not in node]
+        if missing:
+            raise ConfigError(f"{group}: the keys {missing} of {schema.__name__} are not set (conf/{group}/*.yaml sets them all)")
+        try:
+            instantiate(OmegaConf.create(OmegaConf.to_container(node, resolve=True)))
+        except Exception as error:  # instantiate wraps the dataclass's own ValueError
+            cause = error.__cause__ or error
+            raise ConfigError(str(cause)) from None
+
+
 def check_train(cfg: DictConfig) -> None:
     """What `train.py` needs before anything heavy starts."""
+    check_typed_groups(cfg)
     check_data(cfg.data)
     check_backbone(cfg.backbone)
     check_devices(cfg.trainer, int(cfg.data_loader.states_per_step))
@@ -103,22 +139,20 @@ def check_train(cfg: DictConfig) -> None:
             )
     elif cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
         raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path}: no such checkpoint file")
-    model = cfg.model
-    check_dir("model.answer_ckpt", model.get("answer_ckpt"), "the frozen Answer Agent's policy export")
-    check_dir("model.init", model.get("init"), "the warm start: an SFT run's policy/best or policy/last")
+    trained = "answer" if cfg.model.agent == "answer" else "manager"
+    check_dir("answer.ckpt", cfg.answer.ckpt, "the warm start" if trained == "answer" else "the frozen Answer Agent's policy export")
+    check_dir("manager.ckpt", cfg.manager.ckpt, "the warm start" if trained == "manager" else "the Manager export that writes the banks")
     if cfg.algo.name == "sft" and cfg.teacher.kind == "endpoint" and not (cfg.teacher.get("url") and cfg.teacher.get("model")):
         raise ValueError("teacher=endpoint needs teacher.url=http://HOST:PORT/v1 and teacher.model=NAME")
-    bank_manager = model.get("bank_manager")
-    if bank_manager is not None and str(bank_manager) not in BANK_BUILDERS:
-        check_dir("model.bank_manager", str(bank_manager), f"a trained Manager's policy export, or one of {BANK_BUILDERS}")
 
 
 def check_evaluate(cfg: DictConfig) -> None:
     """What `evaluate.py` needs before anything heavy starts."""
+    check_typed_groups(cfg)
     check_data(cfg.data)
     check_backbone(cfg.backbone)
-    check_dir("ckpt", cfg.get("ckpt"), "a policy export: runs/train/.../policy/best or last")
-    check_dir("manager.ckpt", cfg.manager.get("ckpt"), "a trained Memory Manager's policy export")
+    check_dir("answer.ckpt" if cfg.get("ckpt") is None else "ckpt", cfg.answer.ckpt, "a policy export: runs/train/.../policy/best or last")
+    check_dir("manager.ckpt", cfg.manager.ckpt, "a trained Memory Manager's policy export")
     check_dir("memory.ckpt", cfg.memory.get("ckpt"), "the fact extractor's policy export")
 
 

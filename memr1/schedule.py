@@ -2,7 +2,7 @@
 
 A schedule is a list of stages, each one `train.py` or `evaluate.py` run with its own overrides in its
 own directory `<root>/<stage>` (train.py's `run_dir`, evaluate.py's `hydra.run.dir`). An argument may
-name an earlier stage's directory as `{stage-name}` (e.g. `model.init={answer-sft}/policy/best`) and the
+name an earlier stage's directory as `{stage-name}` (e.g. `answer.ckpt={answer-sft}/policy/best`) and the
 schedule's root as `{root}`. The paper's alternating schedule is `conf/pipeline/alternating.yaml`;
 `make train` runs `conf/pipeline/demo.yaml`.
 

@@ -1,8 +1,5 @@
-"""`python train.py`: build the policy, environment, data and Lightning Trainer from a Hydra config.
-
-Each builder is a small function of the config, so a notebook or a sweep agent can assemble a run
-piece by piece; `run_training` is what `train.py` calls.
-"""
+"""`python train.py`: the Lightning Trainer around the module `memr1.factories.build_module` makes,
+with its loggers, callbacks, resume and stop handling; `run_training` is what `train.py` calls."""
 
 from __future__ import annotations
 
@@ -21,8 +18,6 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-from memr1.agents.answer import AnswerAgent
-from memr1.agents.manager import ManagerAgent
 from memr1.callbacks import (
     AtomicCheckpointIO,
     ExportPolicy,
@@ -34,31 +29,17 @@ from memr1.callbacks import (
     VLLMWeightSync,
     latest_checkpoint,
 )
+from memr1.factories import build_module, monitored_metric, trained_agent
 from memr1.interrupt import StopRequested
-from memr1.envs.answer import AnswerEnv
-from memr1.envs.manager import ManagerEnv
-from memr1.llm.engines import GenerationEngine, build_engine
-from memr1.llm.loading import load_policy
-from memr1.llm.lora import apply_lora
-from memr1.llm.sampling import SamplingConfig
-from memr1.llm.value import ValueModel
 from memr1.memory import BankLockedError
-from memr1.modules.answer import AnswerRLModule
-from memr1.modules.base import AlgoConfig, RLModule
-from memr1.modules.manager import ManagerRLModule
-from memr1.modules.sft import AnswerSFTModule, ManagerSFTModule
-from memr1.pipeline.evaluation import make_judge
-from memr1.teachers import EndpointTeacher, EvidenceAnswerTeacher, RuleManagerTeacher, Teacher, TeacherTrajectories
+from memr1.modules.base import RLModule
 
 log = logging.getLogger(__name__)
 
 
-def algo_config(cfg: DictConfig) -> AlgoConfig:
-    return AlgoConfig(**OmegaConf.to_container(cfg.algo, resolve=True))
-
-
-def trainer_kwargs(trainer_cfg: DictConfig) -> dict[str, Any]:
-    """Accelerator, devices, strategy and precision for `trainer.kind` on this machine."""
+def trainer_kwargs(trainer_cfg: DictConfig, model: torch.nn.Module | None = None) -> dict[str, Any]:
+    """Accelerator, devices, strategy and precision for `trainer.kind` on this machine; FSDP shards
+    `model`'s decoder layers (`wrap_classes`)."""
     kind, devices = trainer_cfg.kind, trainer_cfg.devices
     has_gpu = torch.cuda.is_available()
     if kind == "auto":
@@ -78,128 +59,28 @@ def trainer_kwargs(trainer_cfg: DictConfig) -> dict[str, Any]:
         from lightning.pytorch.strategies import FSDPStrategy
 
         # Shard each decoder layer: the unit that keeps all-gathers large and memory peaks small.
-        strategy = FSDPStrategy(auto_wrap_policy=_decoder_layer_classes(), sharding_strategy="FULL_SHARD")
+        if model is None:
+            raise ValueError("trainer_kwargs: trainer=fsdp needs the model whose layers it shards")
+        strategy = FSDPStrategy(auto_wrap_policy=wrap_classes(model), sharding_strategy="FULL_SHARD")
     else:
         raise ValueError(f"trainer.kind: unknown kind {trainer_cfg.kind!r}; expected auto, cpu, gpu or fsdp")
     return {"accelerator": "gpu", "devices": devices, "strategy": strategy, "precision": precision, "num_nodes": trainer_cfg.num_nodes}
 
 
-def _decoder_layer_classes() -> set[type]:
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
-
-    return {LlamaDecoderLayer, Qwen2DecoderLayer}
-
-
-def lora_from_config(
-    module: torch.nn.Module, lora: DictConfig, modules_to_save: tuple[str, ...] | list[str] = ()
-) -> torch.nn.Module:
-    """`apply_lora` with the `lora` config group's settings (the policy and the critic share them)."""
-    return apply_lora(
-        module,
-        lora.r,
-        lora.alpha,
-        lora.dropout,
-        list(lora.target_modules),
-        modules_to_save=modules_to_save,
-        top_layers=lora.top_layers,
-    )
-
-
-def build_policy(cfg: DictConfig) -> tuple[torch.nn.Module, Any]:
-    """The policy to train: the backbone, or the warm start `model.init` (an SFT export) on top of it,
-    with fresh LoRA adapters when `lora.enabled` (adapters off, it is the warm start: the KL reference)."""
-    model, tokenizer = load_policy(cfg.backbone.name_or_path, dtype=cfg.backbone.dtype, adapter=cfg.model.get("init"))
-    if cfg.lora.enabled:
-        model = lora_from_config(model, cfg.lora)
-    model.train()
-    return model, tokenizer
-
-
-def build_critic(cfg: DictConfig) -> torch.nn.Module:
-    """A value head on its own copy of the backbone (the paper's PPO critic)."""
-    backbone, _ = load_policy(cfg.backbone.name_or_path, dtype=cfg.backbone.dtype)
-    critic: torch.nn.Module = ValueModel(backbone)
-    if cfg.lora.enabled:
-        critic = lora_from_config(critic, cfg.lora, modules_to_save=["value_head"])
-    return critic.train()
-
-
-def build_env(cfg: DictConfig) -> AnswerEnv | ManagerEnv:
-    model = cfg.model
-    answer_agent = AnswerAgent(distill=model.get("distill", True), max_answer_words=model.get("max_answer_words", 6))
-    judge = make_judge(cfg) if model.reward == "judge" else None
-    if model.agent == "answer":
-        return AnswerEnv(answer_agent, reward=model.reward, format_penalty=model.format_penalty, judge=judge)
-    if model.agent == "manager":
-        frozen, tokenizer = load_policy(cfg.backbone.name_or_path, dtype=cfg.backbone.dtype, adapter=model.answer_ckpt)
-        for param in frozen.parameters():
-            param.requires_grad_(False)
-        answer_engine = build_engine("hf", model=frozen, tokenizer=tokenizer, batch_size=8)
-        return ManagerEnv(
-            ManagerAgent(),
-            answer_agent,
-            answer_engine,
-            SamplingConfig(max_new_tokens=model.answer_max_new_tokens, temperature=0.0),
-            k_per_speaker=model.k_per_speaker,
-            reward=model.reward,
-            format_penalty=model.format_penalty,
-            judge=judge,
+def wrap_classes(model: torch.nn.Module) -> set[type[torch.nn.Module]]:
+    """The classes FSDP shards one by one: the model's own `_no_split_modules` (its decoder layer),
+    as Hugging Face's accelerate integration reads them, found among the model's modules."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    if not names:
+        inner = getattr(model, "get_base_model", lambda: model)()
+        names = set(getattr(inner, "_no_split_modules", None) or ())
+    classes = {type(module) for module in model.modules() if type(module).__name__ in names}
+    if not classes:
+        raise ValueError(
+            f"trainer=fsdp: {type(model).__name__} names no decoder layer class in _no_split_modules "
+            f"({sorted(names)}); FSDP needs one to shard by"
         )
-    raise ValueError(f"model.agent: unknown agent {model.agent!r}; expected answer or manager")
-
-
-def build_rollout_engine(cfg: DictConfig, policy: torch.nn.Module, tokenizer: Any) -> GenerationEngine | None:
-    """None: the module's HF engine over the policy itself. vLLM: a separate engine, synced each step."""
-    if cfg.engine == "hf":
-        return None
-    if cfg.engine == "vllm":
-        return build_engine("vllm", name_or_path=cfg.backbone.name_or_path, tokenizer=tokenizer, enable_lora=cfg.lora.enabled)
-    raise ValueError(f"engine: unknown engine {cfg.engine!r}; expected hf or vllm")
-
-
-def build_module(cfg: DictConfig) -> RLModule:
-    algo = algo_config(cfg)
-    policy, tokenizer = build_policy(cfg)
-    critic = build_critic(cfg) if algo.name == "ppo" else None
-    reference = None
-    if algo.name == "grpo" and algo.kl_coef > 0 and not cfg.lora.enabled:
-        # The KL anchors the policy to where RL started: the warm start when there is one.
-        reference, _ = load_policy(cfg.backbone.name_or_path, dtype=cfg.backbone.dtype, adapter=cfg.model.get("init"))
-        for param in reference.parameters():
-            param.requires_grad_(False)
-    common = dict(
-        critic=critic,
-        reference=reference,
-        engine=build_rollout_engine(cfg, policy, tokenizer),
-        seed=cfg.seed,
-        probe_states=cfg.data_loader.probe_states,
-        probe_every_n_steps=cfg.data_loader.probe_every_n_steps,
-        val_sampled_reward=cfg.data_loader.val_sampled_reward,
-    )
-    answer = cfg.model.agent == "answer"
-    if algo.name == "sft":
-        module_class: type[RLModule] = AnswerSFTModule if answer else ManagerSFTModule
-        common["trajectories"] = build_trajectories(cfg)
-    else:
-        module_class = AnswerRLModule if answer else ManagerRLModule
-    return module_class(policy, tokenizer, build_env(cfg), algo, **common)
-
-
-def build_trajectories(cfg: DictConfig) -> TeacherTrajectories:
-    """The `teacher` config group: the dataset's own teacher for the agent, or an endpoint's model."""
-    spec = cfg.teacher
-    teacher: Teacher
-    if spec.kind == "dataset":
-        if cfg.model.agent == "answer":
-            teacher = EvidenceAnswerTeacher(distill=cfg.model.distill)
-        else:
-            teacher = RuleManagerTeacher(duplicate_score=spec.duplicate_score)
-    elif spec.kind == "endpoint":
-        teacher = EndpointTeacher(spec.url, spec.model, max_tokens=spec.max_tokens, api_key_env=spec.api_key_env)
-    else:
-        raise ValueError(f"teacher.kind: unknown teacher {spec.kind!r}; expected dataset or endpoint")
-    return TeacherTrajectories(teacher, spec.cache)
+    return classes
 
 
 def wandb_run_id(run_dir: Path) -> str:
@@ -230,7 +111,7 @@ def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Logger]:
 
 
 def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[Callback]:
-    monitor = "val/f1" if cfg.model.agent == "answer" else "val/reward"
+    monitor = monitored_metric(cfg.model.agent)
     # Order matters at the end of a step: the logs are written before ResumableRun may stop the run,
     # and Lightning runs ModelCheckpoint last, after every other callback's state is up to date.
     callbacks: list[Callback] = [
@@ -244,7 +125,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[Callback]:
             every_n_train_steps=cfg.checkpoint.every_n_train_steps,
             save_top_k=1,  # the newest; `ckpt_path=last` finds it (`latest_checkpoint`)
         ),
-        ExportPolicy(run_dir / "policy", monitor=monitor, init=cfg.model.get("init")),
+        ExportPolicy(run_dir / "policy", monitor=monitor, init=trained_agent(cfg).ckpt),
         VLLMWeightSync(),
     ]
     if sys.stderr.isatty():  # redirected output gets StepConsole's lines, not a bar's control codes
@@ -252,11 +133,11 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[Callback]:
     return callbacks
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path) -> Trainer:
+def build_trainer(cfg: DictConfig, run_dir: Path, policy: torch.nn.Module | None = None) -> Trainer:
     loader = cfg.data_loader
     loggers = build_loggers(cfg, run_dir)
     return Trainer(
-        **trainer_kwargs(cfg.trainer),
+        **trainer_kwargs(cfg.trainer, policy),
         max_steps=loader.max_steps,
         val_check_interval=loader.val_check_interval,
         check_val_every_n_epoch=None,
@@ -290,9 +171,8 @@ def resume_checkpoint(ckpt_path: str | None, run_dir: Path) -> str | None:
     return ckpt_path
 
 
-def run_training(cfg: DictConfig, run_dir: Path) -> RLModule:
-    from data_modules.rl_states import RLStatesDataModule
-
+def run_training(cfg: DictConfig, run_dir: Path, data: LightningDataModule) -> RLModule:
+    """Train on `data` (the entry point's data module: `RLStatesDataModule.from_config(cfg)`)."""
     seed_everything(cfg.seed, workers=True)
     threads = cfg.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -301,9 +181,8 @@ def run_training(cfg: DictConfig, run_dir: Path) -> RLModule:
     ckpt_path = resume_checkpoint(cfg.ckpt_path, run_dir)
     if ckpt_path:
         log.info("resuming from %s", ckpt_path)
-    trainer = build_trainer(cfg, run_dir)
     module = build_module(cfg)
-    data = RLStatesDataModule.from_config(cfg)
+    trainer = build_trainer(cfg, run_dir, module.policy)
     try:
         fit(trainer, module, data, ckpt_path=ckpt_path, val_before_train=cfg.data_loader.val_before_train)
     except BankLockedError as error:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -86,15 +86,38 @@ class Conversation:
         for session in self.sessions:
             yield from session.turns
 
+    def turn_positions(self) -> dict[str, int]:
+        """dia_id -> position of the turn in the whole conversation (0-based, across sessions)."""
+        return {turn.dia_id: position for position, turn in enumerate(self.turns())}
+
     def facts_by_turn(self) -> dict[str, list[Fact]]:
-        """Facts keyed by the *last* turn they cite: the turn after which the fact is knowable."""
-        order = {turn.dia_id: position for position, turn in enumerate(self.turns())}
+        """Facts keyed by the turn they become knowable at (`knowable_at`); facts citing no turn are left out."""
+        positions = self.turn_positions()
+        turns = {position: dia_id for dia_id, position in positions.items()}
         grouped: dict[str, list[Fact]] = {}
         for fact in self.facts:
-            known = [d for d in fact.dia_ids if d in order]
-            if known:
-                grouped.setdefault(max(known, key=order.__getitem__), []).append(fact)
+            known = knowable_at(fact.dia_ids, positions)
+            if known is not None:
+                grouped.setdefault(turns[known], []).append(fact)
         return grouped
+
+    def facts_in_dialogue_order(self) -> list[Fact]:
+        """The facts ordered by the turn each becomes knowable at; facts citing no turn come last."""
+        positions = self.turn_positions()
+        end = len(positions)
+
+        def position(fact: Fact) -> int:
+            known = knowable_at(fact.dia_ids, positions)
+            return end if known is None else known
+
+        return sorted(self.facts, key=position)
+
+
+def knowable_at(dia_ids: Sequence[str], positions: Mapping[str, int]) -> int | None:
+    """When a fact or memory becomes knowable: the position of the latest turn it cites, or None when it
+    cites no turn of `positions` (dia_id -> position, `Conversation.turn_positions`). The one definition
+    of fact order: banks are built, and Manager states are cut, in this order."""
+    return max((positions[dia_id] for dia_id in dia_ids if dia_id in positions), default=None)
 
 
 class OpKind(str, enum.Enum):

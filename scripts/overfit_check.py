@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 OVERRIDES = [
-    "model=answer", "model.distill=false", "model.reward=f1", "model.k_per_speaker=3",
-    "algo=grpo", "algo.group_size=8", "algo.actor_lr=2e-3", "algo.kl_coef=0.0", "algo.max_new_tokens=32",
+    "model=answer", "answer.distill=false", "model.reward=f1", "answer.k_per_speaker=3",
+    "algo=grpo", "algo.group_size=8", "algo.actor_lr=2e-3", "algo.kl_coef=0.0", "answer.max_new_tokens=32",
     "algo.temperature=1.0", "lora.enabled=true", "lora.top_layers=10", "data_loader.states_per_step=4",
     "trainer=cpu", "logging.wandb=false",
 ]
@@ -37,7 +37,7 @@ OVERRIDES = [
 def greedy_reward(module, states) -> float:
     from memr1.llm.sampling import SamplingConfig
 
-    outputs = module.engine.generate([module.env.prompt(s) for s in states], SamplingConfig(max_new_tokens=module.algo.max_new_tokens, temperature=0.0))
+    outputs = module.engine.generate([module.env.prompt(s) for s in states], SamplingConfig(max_new_tokens=module.max_new_tokens, temperature=0.0))
     rewards = module.env.score(states, [samples[0].text for samples in outputs])
     return sum(r.score for r in rewards) / len(rewards)
 
@@ -55,7 +55,7 @@ def main() -> None:
 
     from data_modules.rl_states import RLStatesDataModule
     from memr1.quiet import quiet_third_party
-    from memr1.training import build_module
+    from memr1.factories import build_module
 
     quiet_third_party()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

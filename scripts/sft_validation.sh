@@ -30,14 +30,14 @@ MANAGER_SFT=(experiment=cpu_lift/manager algo=sft algo.actor_lr=3.0e-4 data_load
              data_loader.states_per_step=4 data_loader.val_before_train=false data_loader.limit_val_batches=0)
 train manager-sft "${MANAGER_SFT[@]}"
 # Its first GRPO steps from the warm start: are the sampled operations well formed, do groups differ?
-train manager-grpo-from-sft experiment=cpu_lift/manager "model.init=$OUT/manager-sft/policy/last" \
+train manager-grpo-from-sft experiment=cpu_lift/manager "manager.ckpt=$OUT/manager-sft/policy/last" \
   data_loader.max_steps=3 data_loader.val_before_train=false data_loader.limit_val_batches=0
 
 # Banks built by each Manager over conv-30, answered by the same frozen base Answer Agent (no-distill,
 # as the Manager's reward answerer: 0% format errors), on the same questions.
-evaluate manager-add-all answer.distill=false manager=add_all
-evaluate manager-prompted answer.distill=false manager=prompted
-evaluate manager-sft answer.distill=false manager=prompted "manager.ckpt=$OUT/manager-sft/policy/last"
+evaluate manager-add-all answer.distill=false banks=add_all
+evaluate manager-prompted answer.distill=false banks=manager
+evaluate manager-sft answer.distill=false banks=manager "manager.ckpt=$OUT/manager-sft/policy/last"
 
 $PY - "$OUT" <<'EOF'
 import csv, json, sys

@@ -6,10 +6,10 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export HF_HUB_OFFLINE=1
 declare -A RUNS=(
-  [add_all]="manager=add_all"
-  [no_distill]="manager=add_all answer.distill=false"
+  [add_all]="banks=add_all"
+  [no_distill]="banks=add_all answer.distill=false"
   [raw_turns]="memory=raw_turns"
-  [prompted]="manager=prompted manager.max_new_tokens=96"
+  [prompted]="banks=manager manager.max_new_tokens=96"
 )
 for name in "${@:-add_all no_distill raw_turns prompted}"; do
   for one in $name; do

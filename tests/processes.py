@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # an entropy bonus (the tiny model earns no reward, so the entropy term is what moves the weights and
 # makes the final parameters depend on every step taken), validation every 2 steps.
 TINY_RUN = (
-    "model.distill=false", "model.k_per_speaker=1", "algo.max_new_tokens=4", "algo.group_size=2",
+    "answer.distill=false", "answer.k_per_speaker=1", "answer.max_new_tokens=4", "algo.group_size=2",
     "algo.actor_lr=1e-3", "algo.entropy_coef=0.1", "algo.micro_batch_size=2",
     "data_loader.states_per_step=2", "data_loader.max_steps=6", "data_loader.val_check_interval=2",
     "data_loader.limit_val_batches=1", "data_loader.val_batch_size=2", "checkpoint.every_n_train_steps=1",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,10 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from memr1.modules.base import AlgoConfig
-from memr1.training import algo_config, trainer_kwargs
+from memr1.config import AlgoConfig, AnswerConfig, BanksConfig, ManagerConfig
+from memr1.factories import algo_config, answer_config
+from memr1.preflight import ConfigError, check_typed_groups
+from memr1.training import trainer_kwargs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -25,7 +28,7 @@ def test_the_readme_training_command_composes_with_the_papers_ppo_settings():
     algo = algo_config(cfg)
     assert (cfg.model.agent, algo.name, cfg.trainer.devices) == ("manager", "ppo", 4)
     assert (algo.actor_lr, algo.critic_lr, algo.clip_ratio_low, algo.gamma, algo.lam) == (1e-6, 1e-5, 0.2, 1.0, 1.0)
-    assert cfg.model.window == 50 and cfg.model.num_candidates == 5
+    assert cfg.model.window == 50 and cfg.manager.num_candidates == 5
 
 
 def test_grpo_defaults_follow_the_paper():
@@ -49,9 +52,9 @@ def test_trainer_kinds_on_a_cpu_machine():
 def test_every_ablation_composes(ablation):
     cfg = compose_config("train", [f"ablation={ablation}"])
     expected = {
-        "no_distill": lambda c: c.model.distill is False,
-        "no_rl_manager": lambda c: c.model.bank_manager == "prompted",
-        "no_rl_answer": lambda c: c.model.agent == "manager" and c.model.answer_ckpt is None,
+        "no_distill": lambda c: c.answer.distill is False,
+        "no_rl_manager": lambda c: c.banks.policy == "manager" and c.manager.ckpt is None,
+        "no_rl_answer": lambda c: c.model.agent == "manager" and c.answer.ckpt is None,
         "judge_reward": lambda c: c.model.reward == "judge" and c.judge.kind == "hf",
     }
     assert expected[ablation](cfg)
@@ -70,7 +73,7 @@ def test_sweep_parameters_name_real_config_keys(sweep):
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["manager=prompted"],
+        ["banks=manager"],
         ["memory=raw_turns"],
         ["memory=llm_facts"],
         ["answer.distill=false"],
@@ -97,10 +100,52 @@ def test_the_cpu_lift_experiments_compose_as_documented():
     assert (answer.model.agent, answer.algo.name, answer.algo.group_size) == ("answer", "grpo", 4)
     # PPO samples once per state: 16 states give GRPO's 4 x G=4 responses per step.
     assert (ppo.algo.name, ppo.data_loader.states_per_step, ppo.model.reward) == ("ppo", 16, "f1")
-    assert (manager.model.agent, manager.model.distill, manager.data_loader.val_before_train) == ("manager", False, True)
+    assert (manager.model.agent, manager.answer.distill, manager.data_loader.val_before_train) == ("manager", False, True)
     # A Milvus Lite .db has one owner: the manager run keeps its banks apart from the answer run's.
     assert manager.banks.dir != answer.banks.dir
-    # evaluate.py scores exactly the prompts the policy trained on.
-    assert evaluation.answer.k_per_speaker == answer.model.k_per_speaker
-    assert evaluation.answer.max_new_tokens == answer.algo.max_new_tokens
+    # evaluate.py scores exactly the prompts the policy trained on: one `answer` node for both.
+    assert answer_config(evaluation) == answer_config(answer)
     assert answer.lora.top_layers == 10 and all(c.lora.enabled for c in (answer, ppo, manager))
+
+
+TYPED = {"algo": AlgoConfig, "answer": AnswerConfig, "manager": ManagerConfig, "banks": BanksConfig}
+
+
+@pytest.mark.parametrize("entry", ["train", "evaluate"])
+def test_every_dataclass_field_is_a_config_key_and_settable_from_the_command_line(entry):
+    for group, schema in TYPED.items():
+        if entry == "evaluate" and group == "algo":
+            continue
+        cfg = compose_config(entry, [])
+        assert set(cfg[group]) - {"_target_"} == {f.name for f in dataclasses.fields(schema)}, group
+        for field in dataclasses.fields(schema):
+            value = cfg[group][field.name]
+            # Overriding each key with its own value composes: no key exists only in the dataclass.
+            override = f"{group}.{field.name}={'null' if value is None else value}"
+            if isinstance(value, (list, dict)) or (isinstance(value, str) and "${" in value):
+                continue
+            compose_config(entry, [override])
+
+
+def test_algo_weight_decay_composes_and_reaches_the_optimiser_config():
+    assert algo_config(compose_config("train", ["algo.weight_decay=0.0"])).weight_decay == 0.0
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo", "sft"])
+def test_every_algorithm_sets_every_field_once(algo):
+    cfg = compose_config("train", [f"algo={algo}"])
+    assert algo_config(cfg).name == algo
+    check_typed_groups(cfg)
+
+
+def test_a_misspelt_key_is_named_with_the_nearest_field():
+    cfg = compose_config("train", ["+algo.actr_lr=1"])
+    with pytest.raises(ConfigError, match=r"algo.actr_lr: no such key in algo \(AlgoConfig\); did you mean algo.actor_lr\?"):
+        check_typed_groups(cfg)
+    with pytest.raises(ConfigError, match="answer.k_per_speaker: must be >= 1, got 0"):
+        check_typed_groups(compose_config("evaluate", ["answer.k_per_speaker=0"]))
+
+
+def test_evaluate_ckpt_is_the_answer_agents_checkpoint():
+    cfg = compose_config("evaluate", ["ckpt=runs/x/policy/best"])
+    assert answer_config(cfg).ckpt == "runs/x/policy/best"

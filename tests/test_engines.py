@@ -8,7 +8,8 @@ import importlib.util
 import pytest
 import torch
 
-from memr1.llm.engines import Generation, HFEngine, build_engine, encode_prompts
+from memr1.factories import build_engine
+from memr1.llm.engines import Generation, HFEngine, encode_prompts
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.padding import left_pad, position_ids_from_attention_mask
 from memr1.llm.sampling import SamplingConfig, choose_tokens, cut_at_first_stop, nucleus_filter

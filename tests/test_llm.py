@@ -250,19 +250,19 @@ def test_load_policy_from_a_directory_with_lora_adapter_or_full_checkpoint(
     assert not torch.allclose(expected, logits_of(base, input_ids), atol=1e-3)  # the adapter matters
     trained.save_pretrained(tmp_path / "adapter")
 
-    merged, _ = load_policy(saved_tiny_model, adapter=tmp_path / "adapter")
+    merged, _ = load_policy(saved_tiny_model, ckpt=tmp_path / "adapter")
     assert torch.allclose(logits_of(merged, input_ids), expected, atol=1e-4)
 
     trained.merge_and_unload().save_pretrained(tmp_path / "full")
-    full, full_tokenizer = load_policy(saved_tiny_model, adapter=tmp_path / "full")
+    full, full_tokenizer = load_policy(saved_tiny_model, ckpt=tmp_path / "full")
     assert torch.allclose(logits_of(full, input_ids), expected, atol=1e-4)
     assert full_tokenizer.padding_side == "left"
 
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="neither a LoRA adapter"):
-        load_policy(saved_tiny_model, adapter=tmp_path / "empty")
+        load_policy(saved_tiny_model, ckpt=tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="no such directory"):
-        load_policy(saved_tiny_model, adapter=tmp_path / "missing")
+        load_policy(saved_tiny_model, ckpt=tmp_path / "missing")
 
 
 def test_load_policy_dtype(saved_tiny_model):

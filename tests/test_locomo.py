@@ -419,7 +419,7 @@ def test_offline_download_says_where_to_put_the_file(tmp_path: Path) -> None:
 
 
 def test_default_locomo_path(tmp_path: Path) -> None:
-    from data_modules.locomo import default_locomo_path
+    from memr1.datasets.locomo_file import default_locomo_path
 
     project = tmp_path / "main"
     project.mkdir()

@@ -16,10 +16,10 @@ from memr1.llm.loading import load_tokenizer
 from memr1.llm.sampling import SamplingConfig
 from memr1.llm.testing import tiny_causal_lm
 from memr1.memory import MemoryBank
-from memr1.pipeline.banks import bank_name, build_banks, memory_items, raw_turn_facts
+from memr1.banks.build import bank_name, build_banks, memory_items, raw_turn_facts
 from memr1.pipeline.evaluation import run_evaluation
 from memr1.pipeline.extraction import extract_facts
-from memr1.pipeline.managers import AddAllPolicy, ModelPolicy, add_op
+from memr1.banks.policies import AddAllPolicy, ModelPolicy, add_op
 from memr1.types import Fact, Turn
 
 ROOT = Path(__file__).resolve().parents[1]

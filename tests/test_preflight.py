@@ -79,7 +79,7 @@ def test_a_mistyped_data_path_is_missing_not_a_download(tmp_path):
 
 @pytest.mark.parametrize("key", ["ckpt", "manager.ckpt"])
 def test_evaluate_checkpoints_are_checked_before_loading_anything(tmp_path, key):
-    result = entry("evaluate.py", "manager=prompted", f"{key}=/nonexistent/policy", f"hydra.run.dir={tmp_path / 'eval'}")
+    result = entry("evaluate.py", "banks=manager", f"{key}=/nonexistent/policy", f"hydra.run.dir={tmp_path / 'eval'}")
     assert_fails_light(result, f"{key}=/nonexistent/policy: no such directory")
     assert not (tmp_path / "eval").exists()
 

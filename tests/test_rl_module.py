@@ -23,7 +23,8 @@ from memr1.llm.loading import load_tokenizer
 from memr1.llm.testing import tiny_causal_lm
 from memr1.llm.value import ValueModel
 from memr1.modules.answer import AnswerRLModule
-from memr1.modules.base import AlgoConfig, RLModule
+from memr1.config import AlgoConfig
+from memr1.modules.base import RLModule
 from memr1.rl.batch import response_logprobs
 from memr1.training import fit
 from memr1.types import MemoryEntry, Question

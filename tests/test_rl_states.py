@@ -13,9 +13,10 @@ Questions (category 5 excluded): q0 evidence D1:2, q1 D1:1 + D1:3, q3 D2:1, q4 n
 from __future__ import annotations
 
 import dataclasses
-import json
 import hashlib
+import json
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -24,28 +25,24 @@ from hydra import compose, initialize_config_dir
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from data_modules.locomo import LoCoMoDataModule, default_locomo_path
-from data_modules.rl_states import (
-    AnswerStates,
-    ManagerStates,
-    RLStatesDataModule,
-    StateKey,
-    StepBatches,
-    batch_indices,
-    build_teacher_banks,
-    in_window,
-    known_position,
-    pass_permutation,
-    rank_uri,
-)
+from data_modules.locomo import LoCoMoDataModule
+from data_modules.rl_states import RLStatesDataModule
+from memr1.banks.build import memory_items
+from memr1.banks.policies import AddAllPolicy
+from memr1.banks.recipe import BankRecipe, LazyPolicy, open_or_build_banks
+from memr1.datasets.locomo_file import default_locomo_path
+from memr1.states.datasets import AnswerStates, ManagerStates, StateKey
+from memr1.states.order import StepBatches, batch_indices, pass_permutation
+from memr1.states.windows import in_window
 from memr1.embed import Embedder
 from memr1.envs import AnswerState, ManagerState
 from memr1.memory import MemoryBank
-from memr1.types import Conversation
+from memr1.types import Conversation, knowable_at
 
 FIXTURE = Path(__file__).parent / "fixtures" / "locomo_mini.json"
 CONF = Path(__file__).resolve().parents[1] / "conf"
 SPLITS = {"train": ["mini-1"], "validation": ["mini-2"], "test": []}
+RECIPE = BankRecipe("locomo", str(FIXTURE), "observation", "add_all")
 
 ADOPTED = "Ana adopted a dog named Rex."
 RUNNING = "Ben started running in 2022."
@@ -72,10 +69,11 @@ def teachers(
     tmp_path_factory: pytest.TempPathFactory, conversations, embedder: Embedder
 ) -> Iterator[dict[str, MemoryBank]]:
     folder = tmp_path_factory.mktemp("teachers")
-    banks = build_teacher_banks(conversations, folder / "teachers.db", embedder, folder / "progress.json")
-    yield banks
-    for bank in banks.values():
-        bank.close()
+    with ExitStack() as stack:
+        yield open_or_build_banks(
+            RECIPE, conversations, embedder, stack, policy=AddAllPolicy(),
+            items={c.sample_id: memory_items(c, "observation") for c in conversations}, banks_dir=folder,
+        )
 
 
 # ---- pure helpers ----------------------------------------------------------------------------------
@@ -83,9 +81,9 @@ def teachers(
 
 def test_window_membership_is_the_window_turns_strictly_before() -> None:
     positions = {"D1:1": 0, "D1:2": 1, "D1:3": 2, "D2:1": 3}
-    assert known_position(("D1:1", "D1:3"), positions) == 2  # the latest turn cited
-    assert known_position(("D9:9",), positions) is None
-    assert known_position((), positions) is None
+    assert knowable_at(("D1:1", "D1:3"), positions) == 2  # the latest turn cited
+    assert knowable_at(("D9:9",), positions) is None
+    assert knowable_at((), positions) is None
     # fact at position 3, window 2: positions 1 and 2 only.
     assert [in_window(p, 3, 2) for p in (0, 1, 2, 3, 4)] == [False, True, True, False, False]
     assert not in_window(None, 3, 50)
@@ -202,7 +200,7 @@ def test_a_loader_started_at_step_3_yields_the_batches_an_unbroken_one_did(conve
         StepBatches(states, batch_size=8, seed=0, steps=range(3))
 
 
-def test_ddp_ranks_split_every_batch_and_own_their_lite_database(conversations, teachers) -> None:
+def test_ddp_ranks_split_every_batch(conversations, teachers) -> None:
     states = AnswerStates(conversations, teachers, k_per_speaker=1)
     whole = StepBatches(states, batch_size=4, seed=0, steps=range(2))
     ranks = [StepBatches(states, batch_size=4, seed=0, steps=range(2), shard=(rank, 2)) for rank in (0, 1)]
@@ -211,9 +209,6 @@ def test_ddp_ranks_split_every_batch_and_own_their_lite_database(conversations, 
         assert ranks[0].indices(step) == full[0::2] and ranks[1].indices(step) == full[1::2]
     with pytest.raises(ValueError, match="world_size must be <= batch_size=4"):
         StepBatches(states, batch_size=4, seed=0, steps=range(2), shard=(0, 5))
-    assert rank_uri("runs/banks.db", 1, 2) == "runs/banks.rank1.db"
-    assert rank_uri("runs/banks.db", 0, 1) == "runs/banks.db"
-    assert rank_uri("http://milvus:19530", 1, 2) == "http://milvus:19530"  # a server serves every rank
 
 
 class Recorder(LightningModule):
@@ -252,7 +247,7 @@ def fit(
 ) -> list:
     """Train a Recorder for 6 batches (checkpoints every 3) and return the batches it saw."""
     data = RLStatesDataModule(
-        locomo_args(), "manager", tmp_path / "banks.db", window=2, batch_size=3, seed=7,
+        locomo_args(), "manager", RECIPE, tmp_path, window=2, batch_size=3, seed=7,
         steps_per_batch=steps_per_batch, embedder=embedder,
     )
     module = Recorder(optimizers or steps_per_batch)
@@ -295,7 +290,7 @@ def test_a_trainer_stepping_slower_than_declared_stops_with_an_error(tmp_path: P
 
 
 def test_data_module_exposes_counts_mapping_and_validation_answer_states(tmp_path: Path, embedder: Embedder) -> None:
-    data = RLStatesDataModule(locomo_args(), "answer", tmp_path / "banks.db", k_per_speaker=2, batch_size=2,
+    data = RLStatesDataModule(locomo_args(), "answer", RECIPE, tmp_path, k_per_speaker=2, batch_size=2,
                               val_batch_size=2, seed=3, max_steps=4, embedder=embedder)
     data.prepare_data()
     data.setup("fit")
@@ -309,11 +304,11 @@ def test_data_module_exposes_counts_mapping_and_validation_answer_states(tmp_pat
         val = list(data.val_dataloader())
         assert [[s.question.qid for s in batch] for batch in val] == [["mini-2/q0", "mini-2/q1"], ["mini-2/q3"]]
         assert all(len(memories) == 2 for batch in val for s in batch for memories in s.memories.values())
-        assert (tmp_path / "banks.progress.json").is_file()
+        assert (tmp_path / f"{RECIPE.signature()}.progress.json").is_file()
     finally:
         data.teardown("fit")
     # The manager validates on conv-30's manager states, from the same (already built) ADD-all banks.
-    manager = RLStatesDataModule(locomo_args(), "manager", tmp_path / "banks.db", window=2, val_batch_size=2,
+    manager = RLStatesDataModule(locomo_args(), "manager", RECIPE, tmp_path, window=2, val_batch_size=2,
                                  max_steps=1, embedder=embedder)
     manager.setup("validate")
     try:
@@ -327,26 +322,26 @@ def test_data_module_exposes_counts_mapping_and_validation_answer_states(tmp_pat
     finally:
         manager.teardown()
     with pytest.raises(ValueError, match="agent: 'critic' is not one of"):
-        RLStatesDataModule(locomo_args(), "critic", tmp_path / "banks.db")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="progress_file: needed with the server URI"):
-        RLStatesDataModule(locomo_args(), "answer", "http://localhost:19530")
+        RLStatesDataModule(locomo_args(), "critic", RECIPE, tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Manager states are cut from ADD-all banks"):
+        RLStatesDataModule(locomo_args(), "manager", BankRecipe("locomo", str(FIXTURE), "observation", "manager"), tmp_path)
 
 
 def test_from_config_reads_the_training_config(tmp_path: Path) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         manager_cfg = compose("train", overrides=["model=manager", f"banks.dir={tmp_path}"])
-        answer_cfg = compose("train", overrides=["model=answer", "model.bank_manager=prompted", f"banks.dir={tmp_path}"])
+        answer_cfg = compose("train", overrides=["model=answer", "banks=manager", f"banks.dir={tmp_path}"])
     manager = RLStatesDataModule.from_config(manager_cfg)
     assert (manager.agent, manager.window, manager.num_candidates, manager.k_per_speaker) == ("manager", 50, 5, 30)
     loader = manager_cfg.data_loader
     assert (manager.batch_size, manager.val_batch_size, manager.max_steps) == (
         loader.states_per_step, loader.val_batch_size, loader.max_steps
     )
-    assert manager.bank_policy is None  # the ADD-all teacher
-    assert Path(manager.banks_uri).parent == tmp_path and Path(manager.banks_uri).name.startswith("rl-add_all-")
+    assert isinstance(manager.bank_policy, AddAllPolicy)  # the ADD-all teacher
+    assert manager.banks_dir == tmp_path and manager.recipe.signature().startswith("locomo-observation-add_all-")
     answer = RLStatesDataModule.from_config(answer_cfg)
-    assert answer.agent == "answer" and callable(answer.bank_policy)  # the model loads only in setup
-    assert Path(answer.banks_uri).name.startswith("rl-model-")
+    assert answer.agent == "answer" and isinstance(answer.bank_policy, LazyPolicy)  # the model loads only if needed
+    assert answer.recipe.signature().startswith("locomo-observation-manager-")
     with pytest.raises(ValueError, match="data=msc: RL states come from LoCoMo"):
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             RLStatesDataModule.from_config(compose("train", overrides=["data=msc"]))

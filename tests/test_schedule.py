@@ -20,7 +20,7 @@ from tests.processes import ROOT, environment
 
 # The alternating schedule, sized for a tiny random model: every stage runs in seconds.
 TINY_ALTERNATING = (
-    "train.py:model.k_per_speaker=1", "train.py:algo.max_new_tokens=6", "train.py:algo.micro_batch_size=2",
+    "answer.k_per_speaker=1", "answer.max_new_tokens=6", "train.py:algo.micro_batch_size=2",
     "train.py:++algo.group_size=2", "train.py:data_loader.states_per_step=2", "train.py:data_loader.max_steps=2",
     "train.py:data_loader.val_check_interval=2", "train.py:data_loader.limit_val_batches=1",
     "train.py:data_loader.val_batch_size=2", "train.py:data_loader.probe_states=0",
@@ -43,7 +43,7 @@ def test_schedule_errors_name_the_file_and_stage(tmp_path):
     path.write_text("stages:\n  - {name: a, script: run.py}\n")
     with pytest.raises(ValueError, match=r"stages\[0\]: a stage needs a name and a script"):
         load_schedule(str(path))
-    path.write_text("stages:\n  - {name: a, script: train.py, args: ['model.init={sft}/policy/best']}\n")
+    path.write_text("stages:\n  - {name: a, script: train.py, args: ['answer.ckpt={sft}/policy/best']}\n")
     with pytest.raises(ValueError, match="stage a: 'sft' names no stage"):
         stage_command(load_schedule(str(path)), load_schedule(str(path)).stages[0])
 
@@ -53,7 +53,7 @@ def test_stage_commands_fill_in_directories_and_route_overrides(tmp_path):
     grpo = next(s for s in schedule.stages if s.name == "manager-grpo")
     command = stage_command(schedule, grpo)
     assert command[1].endswith("train.py")
-    assert f"model.init={tmp_path}/manager-sft/policy/best" in command
+    assert f"manager.ckpt={tmp_path}/manager-sft/policy/best" in command
     assert {"seed=3", "lora.enabled=true", f"run_dir={tmp_path}/manager-grpo"} <= set(command)
     assert "split=test" not in command and "ckpt_path=last" not in command
     (tmp_path / "manager-grpo" / "checkpoints").mkdir(parents=True)

@@ -18,7 +18,7 @@ from memr1.llm.engines import encode_prompts
 from memr1.llm.loading import WARM_START_FILE, checkpoint_chain, load_policy, load_tokenizer
 from memr1.llm.openai_client import EndpointError
 from memr1.llm.testing import save_tiny_checkpoint
-from memr1.modules.base import AlgoConfig
+from memr1.config import AlgoConfig
 from memr1.modules.sft import AnswerSFTModule
 from memr1.rl import core
 from memr1.teachers import EndpointTeacher, EvidenceAnswerTeacher, RuleManagerTeacher, TeacherTrajectories
@@ -192,13 +192,13 @@ def train_config(backbone: Path, tmp_path: Path, *overrides: str):
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_rl_from_a_warm_start_loads_it_and_takes_it_as_the_kl_reference(backbone, tmp_path, lora):
-    from memr1.training import build_module
+    from memr1.factories import build_module
 
     init = sft_export(backbone, tmp_path / "sft" / "policy" / "best")
-    cfg = train_config(backbone, tmp_path, "algo=grpo", f"model.init={init}", f"lora.enabled={str(lora).lower()}", "lora.target_modules=[q_proj,v_proj]")
+    cfg = train_config(backbone, tmp_path, "algo=grpo", f"answer.ckpt={init}", f"lora.enabled={str(lora).lower()}", "lora.target_modules=[q_proj,v_proj]")
     module = build_module(cfg)
     ids = torch.tensor([[1, 5, 9, 14, 2, 7]])
-    warm, _ = load_policy(backbone, adapter=init)
+    warm, _ = load_policy(backbone, ckpt=init)
     base, _ = load_policy(backbone)
     expected = logits_of(warm, ids)
     assert not torch.allclose(logits_of(base, ids), expected, atol=1e-3)  # the adapter matters
@@ -209,10 +209,10 @@ def test_rl_from_a_warm_start_loads_it_and_takes_it_as_the_kl_reference(backbone
 
 def test_a_warm_started_lora_export_names_its_warm_start_and_loads_through_it(backbone, tmp_path):
     from memr1.callbacks.export import ExportPolicy
-    from memr1.training import build_module
+    from memr1.factories import build_module
 
     init = sft_export(backbone, tmp_path / "sft" / "policy" / "best")
-    cfg = train_config(backbone, tmp_path, "algo=grpo", f"model.init={init}", "lora.enabled=true", "lora.target_modules=[q_proj,v_proj]")
+    cfg = train_config(backbone, tmp_path, "algo=grpo", f"answer.ckpt={init}", "lora.enabled=true", "lora.target_modules=[q_proj,v_proj]")
     module = build_module(cfg)
     with torch.no_grad():  # the RL adapters learned something of their own
         for name, param in module.policy.named_parameters():
@@ -221,10 +221,10 @@ def test_a_warm_started_lora_export_names_its_warm_start_and_loads_through_it(ba
     exported = ExportPolicy(tmp_path / "rl" / "policy", init=str(init)).export(module, "last")
     assert json.loads((exported / WARM_START_FILE).read_text()) == {"init": str(init.resolve())}
     assert checkpoint_chain(exported) == [init.resolve(), exported]
-    loaded, _ = load_policy(backbone, adapter=exported)
+    loaded, _ = load_policy(backbone, ckpt=exported)
     ids = torch.tensor([[3, 8, 1, 4]])
     assert torch.allclose(logits_of(loaded, ids), logits_of(module.policy.eval(), ids), atol=1e-4)
     # A warm start that is gone is named as such.
     (exported / WARM_START_FILE).write_text(json.dumps({"init": str(tmp_path / "gone")}) + "\n")
     with pytest.raises(FileNotFoundError, match="the warm start named in"):
-        load_policy(backbone, adapter=exported)
+        load_policy(backbone, ckpt=exported)

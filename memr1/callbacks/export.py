@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 class ExportPolicy(Callback):
     """Writes `dirpath/last` at the end of training and `dirpath/best` whenever `monitor` improves.
 
-    A LoRA policy is saved as its adapter (small; `load_policy(adapter=...)` merges it into the base),
+    A LoRA policy is saved as its adapter (small; `load_policy(ckpt=...)` merges it into the base),
     a full policy as a complete checkpoint with its tokenizer. `init`: the warm start the policy was
     trained from; a LoRA export names it (`warm_start.json`), so loading it applies both in order.
     """

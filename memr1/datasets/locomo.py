@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from memr1.datasets.registry import JsonNode, json_type_name, read_json
-from memr1.types import Conversation, Fact, Question, Session, Turn
+from memr1.types import Conversation, Fact, Question, Session, Turn, knowable_at
 
 logger = logging.getLogger(__name__)
 
@@ -339,8 +339,9 @@ class _Parser:
                     facts.append(Fact(pair[0].as_str(), speaker, dia_ids, session, date_times[session]))
 
         def dialogue_position(fact: Fact) -> tuple[int, float]:
-            # A fact is knowable after the last turn it cites; uncited facts go to the end of their session.
-            return fact.session, max((turn_order[d] for d in fact.dia_ids), default=float("inf"))
+            # Uncited facts go to the end of their session.
+            known = knowable_at(fact.dia_ids, turn_order)
+            return fact.session, float("inf") if known is None else known
 
         return tuple(sorted(facts, key=dialogue_position))
 

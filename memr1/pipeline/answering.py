@@ -8,8 +8,9 @@ from typing import Callable, Mapping, Sequence
 from memr1.agents.answer import AnswerAgent
 from memr1.llm.engines import GenerationEngine, SamplingConfig
 from memr1.memory import MemoryView
-from memr1.pipeline.timing import StageTimer
-from memr1.types import MemoryEntry, Question
+from memr1.memory.retrieval import retrieve_memories
+from memr1.timing import StageTimer
+from memr1.types import Question
 
 
 @dataclass
@@ -30,13 +31,6 @@ class Prediction:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def retrieve_memories(
-    bank: MemoryView, question: str, speakers: Sequence[str], k_per_speaker: int
-) -> dict[str, list[MemoryEntry]]:
-    """The top `k_per_speaker` memories of each speaker's part of the bank, most similar first."""
-    return {speaker: bank.search(question, speaker=speaker, k=k_per_speaker) for speaker in speakers}
 
 
 def answer_questions(

@@ -7,7 +7,6 @@ the library (data → banks → answers → scores), so notebooks can call them 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import time
@@ -16,24 +15,21 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from memr1.agents.answer import AnswerAgent
 from memr1.agents.extractor import FactExtractor
+from memr1.banks.build import memory_items
+from memr1.banks.recipe import bank_recipe, open_or_build_banks, store_location
+from memr1.datasets.locomo_file import load_locomo_split
 from memr1.datasets.registry import category_names, load_dataset
 from memr1.embed import Embedder
-from memr1.llm.engines import GenerationEngine, build_engine
-from memr1.llm.loading import load_policy
+from memr1.factories import ModelCache, answer_agent, answer_config, banks_config, greedy, make_judge, manager_config, memory_policy
 from memr1.llm.sampling import SamplingConfig
-from memr1.memory import BankLockedError, MemoryBank
-from memr1.metrics.judge import EngineJudge, Judge, OpenAICompatibleJudge
 from memr1.pipeline.answering import Prediction, answer_questions
-from memr1.pipeline.banks import bank_name, build_banks, memory_items
 from memr1.pipeline.extraction import extract_facts
-from memr1.pipeline.managers import AddAllPolicy, MemoryPolicy, ModelPolicy
 from memr1.pipeline.report import score_predictions, write_report
-from memr1.pipeline.timing import StageTimer
+from memr1.timing import StageTimer
 from memr1.types import Conversation, Fact, Question
 
 log = logging.getLogger(__name__)
@@ -71,18 +67,10 @@ def progress_bar() -> Progress:
 def load_split(data: DictConfig, split: str, conversations: Sequence[str] | None = None) -> list[Conversation]:
     """The conversations of `split` (LoCoMo's conversation split; the zero-shot sets are test-only)."""
     if data.kind == "locomo":
-        from data_modules.locomo import LoCoMoDataModule
-
-        module = LoCoMoDataModule(
-            path=data.path,
-            sha256=data.sha256,
-            download=data.get("download") or None,
-            splits=data.splits,
+        selected = load_locomo_split(
+            data.path, split, sha256=data.sha256, download=data.get("download") or None, splits=data.splits,
             exclude_categories=data.exclude_categories,
         )
-        module.prepare_data()
-        module.setup()
-        selected = module.conversations(split)
     else:
         if split != "test":
             raise ValueError(f"split={split}: {data.kind} is a zero-shot test set; use split=test")
@@ -103,96 +91,6 @@ def load_split(data: DictConfig, split: str, conversations: Sequence[str] | None
 def select_questions(conversations: Sequence[Conversation], max_questions: int | None) -> list[Question]:
     questions = [q for c in conversations for q in c.questions]
     return questions if max_questions is None else questions[:max_questions]
-
-
-def manager_uses_model(cfg: DictConfig) -> bool:
-    """Whether a model decides the memory operations (raw turns are always ADDed)."""
-    return cfg.memory.source != "raw_turns" and cfg.manager.kind != "add_all"
-
-
-def bank_signature(cfg: DictConfig) -> str:
-    """Names the banks a config builds: runs that would build identical banks share them."""
-    recipe: dict[str, Any] = {"data": cfg.data.kind, "path": str(cfg.data.path), "memory": OmegaConf.to_container(cfg.memory)}
-    if cfg.memory.source == "llm":
-        recipe["extractor"] = cfg.backbone.name_or_path
-    if manager_uses_model(cfg):
-        recipe["manager"] = OmegaConf.to_container(cfg.manager)
-        recipe["backbone"] = cfg.backbone.name_or_path
-    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:10]
-    manager = "model" if manager_uses_model(cfg) else "add_all"
-    return f"{cfg.data.kind}-{cfg.memory.source}-{manager}-{digest}"
-
-
-class ModelCache:
-    """Loads each (backbone, checkpoint) once, so a prompted manager and the answer agent share it."""
-
-    def __init__(self, backbone: DictConfig, engine_kind: str, batch_size: int) -> None:
-        self.backbone = backbone
-        self.engine_kind = engine_kind
-        self.batch_size = batch_size
-        self._engines: dict[str | None, GenerationEngine] = {}
-
-    def engine(self, ckpt: str | None) -> GenerationEngine:
-        if ckpt not in self._engines:
-            started = time.perf_counter()
-            if self.engine_kind == "vllm":
-                self._engines[ckpt] = build_engine("vllm", name_or_path=ckpt or self.backbone.name_or_path)
-            else:
-                model, tokenizer = load_policy(self.backbone.name_or_path, dtype=self.backbone.dtype, adapter=ckpt)
-                self._engines[ckpt] = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=self.batch_size)
-            log.info("loaded %s%s in %.1fs", self.backbone.name_or_path, f" + {ckpt}" if ckpt else "", time.perf_counter() - started)
-        return self._engines[ckpt]
-
-
-def memory_policy(cfg: DictConfig, models: ModelCache) -> MemoryPolicy:
-    if not manager_uses_model(cfg):
-        return AddAllPolicy()
-    if cfg.manager.kind == "model":
-        return ModelPolicy(
-            models.engine(cfg.manager.ckpt),
-            sampling=SamplingConfig(max_new_tokens=cfg.manager.max_new_tokens, temperature=0.0),
-            num_candidates=cfg.manager.num_candidates,
-        )
-    raise ValueError(f"manager.kind: unknown kind {cfg.manager.kind!r}; expected add_all or model")
-
-
-def make_judge(cfg: DictConfig) -> Judge | None:
-    """The configured judge (`judge` group), or None for judge=none."""
-    kind = cfg.judge.kind
-    if kind == "none":
-        return None
-    if kind == "hf":
-        judge_models = ModelCache(OmegaConf.create({"name_or_path": cfg.judge.model, "dtype": cfg.backbone.dtype}), "hf", cfg.judge.batch_size)
-        return EngineJudge(judge_models.engine(None), cfg.judge.max_new_tokens, cfg.judge.batch_size)
-    if kind == "openai_compatible":
-        return OpenAICompatibleJudge(cfg.judge.url, cfg.judge.model, cfg.judge.api_key_env, cfg.judge.timeout_s)
-    raise ValueError(f"judge.kind: unknown kind {kind!r}; expected none, hf or openai_compatible")
-
-
-def open_banks(cfg: DictConfig, conversations: Sequence[Conversation], embedder: Embedder, stack: ExitStack) -> tuple[dict[str, MemoryBank], Path]:
-    """Every conversation's bank, opened at `banks.uri` or a Milvus Lite file named by the signature.
-
-    A Lite file held by another process (an evaluation building or loading the same banks; each
-    releases it once its banks are loaded) is waited for, up to `banks.lock_wait_s` seconds."""
-    signature = bank_signature(cfg)
-    banks_dir = Path(cfg.banks.dir)
-    banks_dir.mkdir(parents=True, exist_ok=True)
-    uri = cfg.banks.uri or str(banks_dir / f"{signature}.db")
-    deadline = time.monotonic() + cfg.banks.lock_wait_s
-    while True:
-        try:
-            banks = {c.sample_id: stack.enter_context(MemoryBank.open(uri, bank_name(c.sample_id), embedder)) for c in conversations}
-            return banks, banks_dir / f"{signature}.progress.json"
-        except BankLockedError as error:
-            stack.close()  # banks opened before the locked one
-            if time.monotonic() >= deadline:
-                raise BankLockedError(
-                    error.path,
-                    hint=f"wait for it, or give this run its own banks with banks.dir=DIR (now {cfg.banks.dir}; "
-                    f"waited banks.lock_wait_s={cfg.banks.lock_wait_s} s)",
-                ) from None
-            log.info("waiting for %s: another process is building or loading these banks", uri)
-            time.sleep(2.0)
 
 
 def memory_items_for(
@@ -231,20 +129,34 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     log.info("%d questions over %d conversations (%s, split %s)", len(questions), len(conversations), cfg.data.kind, cfg.split)
 
     timer = StageTimer()
-    models = ModelCache(cfg.backbone, cfg.engine, cfg.answer.batch_size)
+    answer = answer_config(cfg)
+    recipe = bank_recipe(cfg)
+    banks_cfg = banks_config(cfg)
+    models = ModelCache(cfg.backbone, cfg.engine, answer.batch_size)
     embedder = Embedder()
+    facts_cache = store_location(recipe, banks_cfg.dir, banks_cfg.uri)[1].with_suffix(".facts.jsonl")
+    items = memory_items_for(cfg, conversations, models, facts_cache, timer)
     with ExitStack() as stack:
-        banks, progress_file = open_banks(cfg, conversations, embedder, stack)
-        policy = memory_policy(cfg, models)
-        items = memory_items_for(cfg, conversations, models, progress_file.with_suffix(".facts.jsonl"), timer)
+        policy = memory_policy(recipe, manager_config(cfg), models.engine)
         with progress_bar() as bar:
-            task = bar.add_task("building banks", total=sum(len(facts) for facts in items.values()))
-            build_banks(items, banks, policy, progress_file, timer, on_advance=lambda n: bar.advance(task, n))
-        for bank in banks.values():  # built: searches are served in-process, the file is free for others
-            bank.release_store()
-        agent = AnswerAgent(distill=cfg.answer.distill, max_answer_words=cfg.answer.max_answer_words)
-        engine = models.engine(cfg.ckpt)
-        sampling = SamplingConfig(max_new_tokens=cfg.answer.max_new_tokens, temperature=0.0)
+            task = bar.add_task("building banks", total=None)
+            banks = open_or_build_banks(
+                recipe,
+                conversations,
+                embedder,
+                stack,
+                policy=policy,
+                items=items,
+                banks_dir=banks_cfg.dir,
+                uri=banks_cfg.uri,
+                lock_wait_s=banks_cfg.lock_wait_s,
+                timer=timer,
+                on_total=lambda total: bar.update(task, total=total),
+                on_advance=lambda n: bar.advance(task, n),
+            )
+        agent = answer_agent(answer)
+        engine = models.engine(answer.ckpt)
+        sampling = greedy(answer.max_new_tokens)
         predictions_path = run_dir / "predictions.jsonl"
         with predictions_path.open("w") as out, progress_bar() as bar:
             task = bar.add_task("answering", total=len(questions))
@@ -262,8 +174,8 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 agent,
                 engine,
                 sampling,
-                k_per_speaker=cfg.answer.k_per_speaker,
-                batch_size=cfg.answer.batch_size,
+                k_per_speaker=answer.k_per_speaker,
+                batch_size=answer.batch_size,
                 timer=timer,
                 on_batch=save,
             )
@@ -281,17 +193,17 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     settings = {
         "data": cfg.data.kind,
         "split": cfg.split,
-        "manager": OmegaConf.to_container(cfg.manager),
+        "banks": recipe.signature(),
+        "bank_recipe": dataclasses.asdict(recipe),
         "memory": cfg.memory.source,
         "backbone": cfg.backbone.name_or_path,
-        "ckpt": cfg.ckpt,
-        "answer": OmegaConf.to_container(cfg.answer),
+        "answer": dataclasses.asdict(answer),
         "bank_sizes": bank_sizes,
         "manager_format_errors": getattr(policy, "format_errors", 0),
         "wall_time_s": round(time.perf_counter() - started, 1),
     }
-    title = f"memr1 evaluation: {cfg.data.kind} {cfg.split}, manager={cfg.manager.kind}, memory={cfg.memory.source}" + (
-        f", ckpt={cfg.ckpt}" if cfg.ckpt else ""
+    title = f"memr1 evaluation: {cfg.data.kind} {cfg.split}, banks={recipe.policy}, memory={cfg.memory.source}" + (
+        f", answer.ckpt={answer.ckpt}" if answer.ckpt else ""
     )
     write_report(run_dir, scores, latency, category_names(cfg.data.kind), settings, title)
     return {"scores": scores, "latency": latency, "settings": settings}

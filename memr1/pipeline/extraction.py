@@ -13,7 +13,7 @@ from pathlib import Path
 from memr1.agents.extractor import FactExtractor, turn_pairs
 from memr1.llm.engines import GenerationEngine
 from memr1.llm.sampling import SamplingConfig
-from memr1.pipeline.timing import StageTimer
+from memr1.timing import StageTimer
 from memr1.types import Conversation, Fact
 
 

@@ -19,10 +19,10 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+from memr1.config import LOSS_AGG_MODES, LossAggMode
+
 KLKind = Literal["k1", "k2", "k3", "low_var_kl", "abs"]
 
-LOSS_AGG_MODES: tuple[str, ...] = LossAggMode.__args__
 KL_KINDS: tuple[str, ...] = KLKind.__args__
 
 

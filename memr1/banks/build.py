@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memr1.memory import InvalidOpError, MemoryBank
-from memr1.pipeline.managers import MemoryPolicy
-from memr1.pipeline.timing import StageTimer
+from memr1.banks.policies import MemoryPolicy
+from memr1.timing import StageTimer
 from memr1.types import Conversation, Fact
 
 log = logging.getLogger(__name__)
@@ -33,13 +33,8 @@ MEMORY_SOURCES = ("observation", "raw_turns")
 
 
 def observation_facts(conversation: Conversation) -> list[Fact]:
-    """The dataset's facts, ordered by the last turn each cites (when the fact becomes known)."""
-    position = {turn.dia_id: index for index, turn in enumerate(conversation.turns())}
-
-    def known_at(fact: Fact) -> int:
-        return max((position[d] for d in fact.dia_ids if d in position), default=len(position))
-
-    return sorted(conversation.facts, key=known_at)
+    """The dataset's facts, in the order they become knowable (`Conversation.facts_in_dialogue_order`)."""
+    return conversation.facts_in_dialogue_order()
 
 
 def raw_turn_facts(conversation: Conversation) -> list[Fact]:

@@ -1,0 +1,181 @@
+"""The RL states of both agents, built lazily and cached.
+
+Manager states (`ManagerStates`): one per (evidence turn of a training question, fact of that turn).
+A fact belongs to the turn it becomes knowable at (`memr1.types.knowable_at`, the order banks are
+built in). The state's bank is the paper's temporal bank (`memr1.states.windows`): the memories of
+the `window` turns strictly before the fact's turn, cut out of a *teacher* bank built once per
+conversation over all its facts. The teacher ADDs every fact, so its memories are the dataset's facts
+with their turns as provenance.
+
+Answer states (`AnswerStates`): one per question, with the top memories of each speaker retrieved
+from the conversation's bank.
+
+Both datasets hold only their (small) index eagerly; a state is built in `__getitem__` and kept in a
+small LRU cache. States hold views of Milvus-backed banks, which live in this process: load them with
+`num_workers=0`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from torch.utils.data import Dataset
+
+from memr1.envs.answer import AnswerState
+from memr1.envs.manager import ManagerState
+from memr1.memory import MemoryView
+from memr1.memory.retrieval import retrieve_memories
+from memr1.states.windows import window_bank
+from memr1.types import Conversation, Question
+
+DEFAULT_CACHE_SIZE = 128
+
+
+class StateKey(NamedTuple):
+    """Which manager state: the fact `fact_index` of turn `dia_id` (in `facts_by_turn` order)."""
+
+    conversation_id: str
+    dia_id: str
+    fact_index: int
+
+
+def by_sample_id(conversations: Sequence[Conversation]) -> dict[str, Conversation]:
+    result: dict[str, Conversation] = {}
+    for position, conversation in enumerate(conversations):
+        if conversation.sample_id in result:
+            raise ValueError(f"conversations[{position}]: sample_id {conversation.sample_id!r} appears twice")
+        result[conversation.sample_id] = conversation
+    return result
+
+
+class ManagerStates(Dataset[ManagerState]):
+    """One `ManagerState` per (evidence turn of a question of `conversations`, fact of that turn).
+
+    bank_for(conversation_id): the conversation's opened teacher bank, built over all its facts
+        (`build_teacher_banks`); asked once per conversation, when its first state is built.
+    window: turns before the fact's turn whose facts the state's bank holds (the paper: 24 or 50).
+    num_candidates: memories shown to the Manager (Mem0: 5).
+
+    Evidence turns with no fact are skipped and counted in `skipped_turns`; questions with no evidence
+    give no state. `keys` lists the states: conversations in the given order, turns in dialogue order.
+    """
+
+    def __init__(
+        self,
+        conversations: Sequence[Conversation],
+        bank_for: Callable[[str], MemoryView],
+        window: int = 50,
+        num_candidates: int = 5,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> None:
+        if window < 1:
+            raise ValueError(f"ManagerStates.window: must be >= 1, got {window}")
+        if num_candidates < 0:
+            raise ValueError(f"ManagerStates.num_candidates: must be >= 0, got {num_candidates}")
+        self.window = window
+        self.num_candidates = num_candidates
+        self._bank_for = bank_for
+        self._conversations = by_sample_id(conversations)
+        self._positions = {cid: c.turn_positions() for cid, c in self._conversations.items()}
+        self._facts = {cid: c.facts_by_turn() for cid, c in self._conversations.items()}
+        self._questions: dict[tuple[str, str], list[Question]] = {}  # (conversation, turn) -> questions
+        self._teachers: dict[str, MemoryView] = {}
+        self.keys: list[StateKey] = []
+        self.skipped_turns = 0
+        for cid, conversation in self._conversations.items():
+            positions = self._positions[cid]
+            asking: dict[str, list[Question]] = {}  # evidence turn -> the questions citing it
+            for question in conversation.questions:
+                for dia_id in dict.fromkeys(question.evidence):  # a turn cited twice asks once
+                    if dia_id not in positions:
+                        raise ValueError(
+                            f"conversation {cid}: question {question.qid}: evidence {dia_id!r} "
+                            "is no turn of the conversation"
+                        )
+                    asking.setdefault(dia_id, []).append(question)
+            for dia_id in sorted(asking, key=positions.__getitem__):
+                self._questions[(cid, dia_id)] = asking[dia_id]
+                facts = self._facts[cid].get(dia_id, [])
+                self.skipped_turns += not facts
+                self.keys.extend(StateKey(cid, dia_id, index) for index in range(len(facts)))
+        self._state = functools.lru_cache(maxsize=cache_size)(self._build)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, index: int) -> ManagerState:
+        if not 0 <= index < len(self.keys):
+            raise IndexError(f"ManagerStates: index {index} out of range 0..{len(self.keys) - 1}")
+        return self._state(index)
+
+    def _build(self, index: int) -> ManagerState:
+        cid, dia_id, fact_index = self.keys[index]
+        fact = self._facts[cid][dia_id][fact_index]
+        positions = self._positions[cid]
+        bank = window_bank(self._teacher(cid), positions, positions[dia_id], self.window)
+        candidates = bank.search(fact.text, speaker=fact.speaker, k=self.num_candidates) if self.num_candidates else []
+        return ManagerState(
+            fact=fact,
+            conversation_id=cid,
+            speakers=self._conversations[cid].speakers,
+            bank=bank,
+            candidates=candidates,
+            questions=list(self._questions[(cid, dia_id)]),
+        )
+
+    def _teacher(self, conversation_id: str) -> MemoryView:
+        teacher = self._teachers.get(conversation_id)
+        if teacher is None:
+            teacher = self._bank_for(conversation_id)
+            if len(teacher) == 0:
+                raise ValueError(
+                    f"ManagerStates: the teacher bank of {conversation_id} ({teacher.name!r}) is empty; "
+                    "build it first (build_teacher_banks)"
+                )
+            self._teachers[conversation_id] = teacher
+        return teacher
+
+
+class AnswerStates(Dataset[AnswerState]):
+    """One `AnswerState` per question of `conversations` (dataset order), with the `k_per_speaker`
+    memories of each speaker most similar to the question, retrieved from `banks[conversation_id]`."""
+
+    def __init__(
+        self,
+        conversations: Sequence[Conversation],
+        banks: Mapping[str, MemoryView],
+        k_per_speaker: int = 30,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> None:
+        if k_per_speaker < 1:
+            raise ValueError(f"AnswerStates.k_per_speaker: must be >= 1, got {k_per_speaker}")
+        by_id = by_sample_id(conversations)
+        missing = sorted(set(by_id) - set(banks))
+        if missing:
+            raise ValueError(f"AnswerStates: banks: no bank for conversations {missing}")
+        self.k_per_speaker = k_per_speaker
+        self.questions = [question for conversation in by_id.values() for question in conversation.questions]
+        self._speakers = {cid: conversation.speakers for cid, conversation in by_id.items()}
+        self._banks = banks
+        self._state = functools.lru_cache(maxsize=cache_size)(self._build)
+
+    def __len__(self) -> int:
+        return len(self.questions)
+
+    def __getitem__(self, index: int) -> AnswerState:
+        if not 0 <= index < len(self.questions):
+            raise IndexError(f"AnswerStates: index {index} out of range 0..{len(self.questions) - 1}")
+        return self._state(index)
+
+    def _build(self, index: int) -> AnswerState:
+        question = self.questions[index]
+        cid = question.conversation_id
+        memories = retrieve_memories(self._banks[cid], question.question, self._speakers[cid], self.k_per_speaker)
+        return AnswerState(question, memories)
+
+
+def collate_states(batch: Sequence[Any]) -> list[Any]:
+    """States are dataclasses, not tensors: a batch is a plain list of them."""
+    return list(batch)
