@@ -22,13 +22,12 @@ def main(cfg: DictConfig) -> None:
     except BaseException:
         remove_if_empty_run(run_dir, "train.log")
         raise
-    from memr1.quiet import quiet_third_party
-
-    quiet_third_party()
     # The entry point hands the data module to the library: memr1 never imports data_modules.
     from data_modules.rl_states import RLStatesDataModule
+    from memr1.quiet import quiet_third_party
     from memr1.training import run_training
 
+    quiet_third_party()  # after the imports: Lightning installs its console handlers on import
     run_training(cfg, run_dir, RLStatesDataModule.from_config(cfg))
 
 

@@ -127,7 +127,7 @@ class RLStatesDataModule(LightningDataModule):
         manager = manager_config(cfg)
 
         def manager_engine(ckpt: str | None) -> Any:
-            model, tokenizer = frozen_policy(cfg.backbone, ckpt)
+            model, tokenizer = frozen_policy(cfg.backbone.name_or_path, cfg.backbone.dtype, ckpt)
             return build_engine("hf", model=model, tokenizer=tokenizer, batch_size=manager.batch_size)
 
         return cls(
@@ -143,7 +143,7 @@ class RLStatesDataModule(LightningDataModule):
             banks_dir=banks.dir,
             banks_uri=banks.uri,
             bank_policy=memory_policy(recipe, manager, manager_engine),
-            window=cfg.model.get("window", 50) if cfg.model.agent == "manager" else 50,
+            **({"window": cfg.model.window} if cfg.model.agent == "manager" else {}),
             num_candidates=manager.num_candidates,
             k_per_speaker=answer_config(cfg).k_per_speaker,
             batch_size=loader.states_per_step,

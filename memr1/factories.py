@@ -64,11 +64,6 @@ def answer_agent(config: AnswerConfig) -> AnswerAgent:
     return AnswerAgent(distill=config.distill, max_answer_words=config.max_answer_words)
 
 
-def greedy(max_new_tokens: int) -> SamplingConfig:
-    """How an agent decodes outside RL rollouts: validation, evaluation, frozen agents, bank building."""
-    return SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0)
-
-
 # ---- engines and models ----------------------------------------------------------------------------
 
 
@@ -103,9 +98,9 @@ def build_engine(
     raise ValueError(f"build_engine: unknown kind {kind!r}; expected 'hf' or 'vllm'")
 
 
-def frozen_policy(backbone: DictConfig, ckpt: str | None) -> tuple[PreTrainedModel, Any]:
+def frozen_policy(name_or_path: str, dtype: str, ckpt: str | None) -> tuple[PreTrainedModel, Any]:
     """The backbone with the policy export `ckpt` applied, frozen: an agent that is not trained."""
-    model, tokenizer = load_policy(backbone.name_or_path, dtype=backbone.dtype, ckpt=ckpt)
+    model, tokenizer = load_policy(name_or_path, dtype=dtype, ckpt=ckpt)
     for param in model.parameters():
         param.requires_grad_(False)
     return model, tokenizer
@@ -130,7 +125,7 @@ class ModelCache:
                 path = merged_checkpoint(self.backbone.name_or_path, ckpt, dtype=self.backbone.dtype) if ckpt else None
                 self._engines[ckpt] = build_engine("vllm", name_or_path=str(path or self.backbone.name_or_path))
             else:
-                model, tokenizer = frozen_policy(self.backbone, ckpt)
+                model, tokenizer = frozen_policy(self.backbone.name_or_path, self.backbone.dtype, ckpt)
                 self._engines[ckpt] = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=self.batch_size)
             log.info("loaded %s%s in %.1fs", self.backbone.name_or_path, f" + {ckpt}" if ckpt else "", time.perf_counter() - started)
         return self._engines[ckpt]
@@ -142,7 +137,7 @@ def memory_policy(recipe: BankRecipe, manager: ManagerConfig, engine: Any) -> Me
     if not recipe.uses_manager:
         return AddAllPolicy()
     return LazyPolicy(
-        lambda: ModelPolicy(engine(manager.ckpt), ManagerAgent(), greedy(manager.max_new_tokens), manager.num_candidates),
+        lambda: ModelPolicy(engine(manager.ckpt), ManagerAgent(), SamplingConfig.greedy_up_to(manager.max_new_tokens), manager.num_candidates),
         manager.num_candidates,
     )
 
@@ -206,12 +201,12 @@ def build_env(cfg: DictConfig) -> AnswerEnv | ManagerEnv:
     if model.agent == "answer":
         return AnswerEnv(answer_agent(answer), reward=model.reward, format_penalty=model.format_penalty, judge=judge)
     if model.agent == "manager":
-        frozen, tokenizer = frozen_policy(cfg.backbone, answer.ckpt)
+        frozen, tokenizer = frozen_policy(cfg.backbone.name_or_path, cfg.backbone.dtype, answer.ckpt)
         return ManagerEnv(
             ManagerAgent(),
             answer_agent(answer),
             build_engine("hf", model=frozen, tokenizer=tokenizer, batch_size=answer.batch_size),
-            greedy(answer.max_new_tokens),
+            SamplingConfig.greedy_up_to(answer.max_new_tokens),
             k_per_speaker=answer.k_per_speaker,
             reward=model.reward,
             format_penalty=model.format_penalty,
@@ -254,7 +249,7 @@ def build_module(cfg: DictConfig) -> RLModule:
     reference = None
     if algo.name == "grpo" and algo.kl_coef > 0 and not cfg.lora.enabled:
         # The KL anchors the policy to where RL started: the warm start when there is one.
-        reference, _ = frozen_policy(cfg.backbone, agent.ckpt)
+        reference, _ = frozen_policy(cfg.backbone.name_or_path, cfg.backbone.dtype, agent.ckpt)
     common: dict[str, Any] = dict(
         critic=critic,
         reference=reference,

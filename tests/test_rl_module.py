@@ -77,9 +77,9 @@ def sequence_logprobs(module: RLModule) -> tuple[torch.Tensor, torch.Tensor, tor
 
 def test_grpo_step_raises_the_logprob_of_rewarded_samples(tokenizer):
     algo = AlgoConfig(
-        name="grpo", group_size=4, max_new_tokens=8, actor_lr=1e-3, kl_coef=0.0, micro_batch_size=4, grad_clip=100.0
+        name="grpo", group_size=4, actor_lr=1e-3, kl_coef=0.0, micro_batch_size=4, grad_clip=100.0
     )
-    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, FirstOfGroupEnv(4), algo, seed=3)
+    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, FirstOfGroupEnv(4), algo, max_new_tokens=8, seed=3)
     before = {name: p.detach().clone() for name, p in module.policy.named_parameters()}
     fit_one_step(module, ["Say hello.", "Count to three."])
     old, new, advantage = sequence_logprobs(module)
@@ -91,10 +91,10 @@ def test_grpo_step_raises_the_logprob_of_rewarded_samples(tokenizer):
 
 
 def test_ppo_step_updates_actor_and_critic_in_the_direction_of_the_advantage(tokenizer):
-    algo = AlgoConfig(name="ppo", group_size=1, max_new_tokens=8, actor_lr=1e-3, critic_lr=1e-2, micro_batch_size=2, grad_clip=100.0)
+    algo = AlgoConfig(name="ppo", group_size=1, actor_lr=1e-3, critic_lr=1e-2, micro_batch_size=2, grad_clip=100.0)
     critic = ValueModel(tiny_causal_lm(tokenizer, seed=2))
     # One state per "group": state 0 and 2 earn 1, states 1 and 3 earn 0 (FirstOfGroupEnv with groups of 2).
-    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, FirstOfGroupEnv(2), algo, critic=critic, seed=5)
+    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, FirstOfGroupEnv(2), algo, max_new_tokens=8, critic=critic, seed=5)
     head_before = critic.value_head.bias.detach().clone()
     fit_one_step(module, ["a", "b", "c", "d"])
     old, new, advantage = sequence_logprobs(module)
@@ -117,8 +117,8 @@ def test_malformed_answers_from_a_random_model_never_stop_training(tokenizer):
         AnswerState(Question("c/q1", "c", "When did Andrew adopt dogs?", "May 2023", ("D1:1",), 2), memories),
     ]
     env = AnswerEnv(AnswerAgent(), reward="em", format_penalty=-0.5)
-    algo = AlgoConfig(name="grpo", group_size=2, max_new_tokens=6, actor_lr=1e-4, kl_coef=0.0, micro_batch_size=4)
-    module = AnswerRLModule(tiny_causal_lm(tokenizer, seed=4), tokenizer, env, algo, seed=0)
+    algo = AlgoConfig(name="grpo", group_size=2, actor_lr=1e-4, kl_coef=0.0, micro_batch_size=4)
+    module = AnswerRLModule(tiny_causal_lm(tokenizer, seed=4), tokenizer, env, algo, max_new_tokens=6, seed=0)
     trainer = fit_one_step(module, states, steps=2)
     assert trainer.global_step == 2
     batch, rewards = module.last_rollout
@@ -142,9 +142,10 @@ class AnswerStatesData(LightningDataModule):
 def test_val_before_train_puts_the_base_policy_at_step_zero(tokenizer, tmp_path, val_before_train):
     memories = {"Andrew": [MemoryEntry("m1", "Andrew adopted two dogs, Buddy and Scout", "Andrew", "1 May, 2023")]}
     states = [AnswerState(Question("c/q0", "c", "What are Andrew's dogs called?", "Buddy and Scout", ("D1:1",), 1), memories)]
-    algo = AlgoConfig(name="grpo", group_size=2, max_new_tokens=4, actor_lr=1e-4, kl_coef=0.0, micro_batch_size=2)
+    algo = AlgoConfig(name="grpo", group_size=2, actor_lr=1e-4, kl_coef=0.0, micro_batch_size=2)
     module = AnswerRLModule(
-        tiny_causal_lm(tokenizer, seed=4), tokenizer, AnswerEnv(AnswerAgent(), reward="f1"), algo, seed=0, val_sampled_reward=True
+        tiny_causal_lm(tokenizer, seed=4), tokenizer, AnswerEnv(AnswerAgent(), reward="f1"), algo, max_new_tokens=4, seed=0,
+        val_sampled_reward=True,
     )
     trainer = Trainer(
         accelerator="cpu",
@@ -172,10 +173,10 @@ def test_several_epochs_over_minibatches_report_the_clip_per_epoch(tokenizer):
     minibatch of epoch 0 is on-policy (ratio 1, nothing clipped); by the last epoch the policy has moved
     past the clip range on some tokens, and the per-epoch numbers say so."""
     algo = AlgoConfig(
-        name="grpo", group_size=4, max_new_tokens=8, actor_lr=3e-2, kl_coef=0.0, micro_batch_size=4,
+        name="grpo", group_size=4, actor_lr=3e-2, kl_coef=0.0, micro_batch_size=4,
         ppo_epochs=3, mini_batch_size=4, grad_clip=100.0,
     )
-    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, FirstOfGroupEnv(4), algo, seed=3)
+    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, FirstOfGroupEnv(4), algo, max_new_tokens=8, seed=3)
     trainer = fit_one_step(module, ["Say hello.", "Count to three."])
     assert trainer.global_step == 1
     metrics = module.step_metrics
@@ -207,8 +208,8 @@ class LengthEnv(FirstOfGroupEnv):
 
 
 def test_the_probe_reward_scores_fixed_states_with_a_fixed_seed(tokenizer):
-    algo = AlgoConfig(name="grpo", group_size=4, max_new_tokens=6, actor_lr=1e-3, kl_coef=0.0, micro_batch_size=4)
-    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), algo, seed=3, probe_states=2, probe_every_n_steps=2)
+    algo = AlgoConfig(name="grpo", group_size=4, actor_lr=1e-3, kl_coef=0.0, micro_batch_size=4)
+    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), algo, max_new_tokens=6, seed=3, probe_states=2, probe_every_n_steps=2)
     trainer = Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, datamodule=ProbeData(["Say hello.", "Count to three.", "Name a dog."]))
     assert module.probe == ["Say hello.", "Count to three."]
@@ -219,13 +220,13 @@ def test_the_probe_reward_scores_fixed_states_with_a_fixed_seed(tokenizer):
 
 
 def test_the_sampled_validation_reward_samples_at_the_rollout_temperature(tokenizer):
-    algo = AlgoConfig(name="grpo", group_size=4, max_new_tokens=12, temperature=1.0, kl_coef=0.0, micro_batch_size=4)
-    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), algo, seed=3, val_sampled_reward=True)
+    algo = AlgoConfig(name="grpo", group_size=4, temperature=1.0, kl_coef=0.0, micro_batch_size=4)
+    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), algo, max_new_tokens=12, seed=3, val_sampled_reward=True)
     states = ["Say hello.", "Count to three.", "Name a dog.", "Spell cat."]
     module.sample_validation_rewards(states)
     module.sample_validation_rewards(states)  # the next batch draws with its own seed
     first, second = module._val_sampled[:4], module._val_sampled[4:]
     assert len(first) == len(second) == 4 and first != second  # sampled, not greedy
-    off = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), algo, seed=3)
+    off = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), algo, max_new_tokens=12, seed=3)
     off.sample_validation_rewards(states)
     assert off._val_sampled == []

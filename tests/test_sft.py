@@ -9,16 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from lightning.pytorch import Trainer
 
 from memr1.agents.answer import AnswerAgent
 from memr1.agents.manager import ManagerAgent
+from memr1.config import AlgoConfig
 from memr1.envs.answer import AnswerEnv, AnswerState
 from memr1.envs.manager import ManagerState
 from memr1.llm.engines import encode_prompts
 from memr1.llm.loading import WARM_START_FILE, checkpoint_chain, load_policy, load_tokenizer
 from memr1.llm.openai_client import EndpointError
 from memr1.llm.testing import save_tiny_checkpoint
-from memr1.config import AlgoConfig
 from memr1.modules.sft import AnswerSFTModule
 from memr1.rl import core
 from memr1.teachers import EndpointTeacher, EvidenceAnswerTeacher, RuleManagerTeacher, TeacherTrajectories
@@ -66,7 +67,7 @@ def test_the_module_loss_scores_the_target_tokens_after_the_prompt(backbone, tok
     state = AnswerState(QUESTION, MEMORIES)
     teacher = EvidenceAnswerTeacher()
     trajectories = TeacherTrajectories(teacher, tmp_path / "answer.jsonl")
-    module = AnswerSFTModule(policy, tokenizer, env, AlgoConfig(name="sft", max_new_tokens=64), trajectories=trajectories)
+    module = AnswerSFTModule(policy, tokenizer, env, AlgoConfig(name="sft"), max_new_tokens=64, trajectories=trajectories)
 
     # By hand: prompt ids, then the target's ids and EOS; the loss is the mean of -log p(token | prefix)
     # over the target's positions only.
@@ -218,7 +219,11 @@ def test_a_warm_started_lora_export_names_its_warm_start_and_loads_through_it(ba
         for name, param in module.policy.named_parameters():
             if "lora_B" in name:
                 param.add_(0.3)
-    exported = ExportPolicy(tmp_path / "rl" / "policy", init=str(init)).export(module, "last")
+    trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    exported = ExportPolicy(tmp_path / "rl" / "policy", init=str(init)).export(trainer, module, "last")
+    # The policy's own (unsharded) state, written as the sharded path would write the gathered one.
+    gathered = ExportPolicy(tmp_path / "rl" / "gathered").export(trainer, module, "last")
+    assert (gathered / "adapter_model.safetensors").read_bytes() == (exported / "adapter_model.safetensors").read_bytes()
     assert json.loads((exported / WARM_START_FILE).read_text()) == {"init": str(init.resolve())}
     assert checkpoint_chain(exported) == [init.resolve(), exported]
     loaded, _ = load_policy(backbone, ckpt=exported)

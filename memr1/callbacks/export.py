@@ -8,6 +8,7 @@ from pathlib import Path
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from memr1.llm.loading import write_warm_start
+from memr1.llm.sharding import is_sharded, submodule_state
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +28,19 @@ class ExportPolicy(Callback):
         self.sign = 1.0 if mode == "max" else -1.0
         self.best: float | None = None
 
-    def export(self, pl_module: LightningModule, name: str) -> Path:
+    def export(self, trainer: Trainer, pl_module: LightningModule, name: str) -> Path:
+        """Every rank calls it: under FSDP the strategy gathers the sharded parameters (a collective),
+        then rank 0 writes them."""
         target = self.dirpath / name
-        pl_module.policy.save_pretrained(target)
+        state = None
+        if is_sharded(pl_module.policy):
+            state = submodule_state(trainer.strategy.lightning_module_state_dict(), "policy.")
+        if not trainer.is_global_zero:
+            return target
+        if state is None:
+            pl_module.policy.save_pretrained(target)
+        else:
+            pl_module.policy.save_pretrained(target, state_dict=state)
         pl_module.tokenizer.save_pretrained(target)
         if self.init is not None and (target / "adapter_config.json").is_file():
             write_warm_start(target, self.init)
@@ -37,18 +48,17 @@ class ExportPolicy(Callback):
         return target
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.monitor is None or trainer.sanity_checking or not trainer.is_global_zero:
+        if self.monitor is None or trainer.sanity_checking:
             return
         value = trainer.callback_metrics.get(self.monitor)
-        if value is None:
-            return
-        if self.best is None or self.sign * float(value) > self.sign * self.best:
-            self.best = float(value)
-            self.export(pl_module, "best")
+        improved = value is not None and (self.best is None or self.sign * float(value) > self.sign * self.best)
+        # Rank 0 decides, so every rank joins the export's gather or none does.
+        if trainer.strategy.broadcast(improved, src=0):
+            self.best = float(trainer.strategy.broadcast(float(value) if value is not None else 0.0, src=0))
+            self.export(trainer, pl_module, "best")
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.is_global_zero:
-            self.export(pl_module, "last")
+        self.export(trainer, pl_module, "last")
 
     def state_dict(self) -> dict:
         return {"best": self.best}

@@ -8,6 +8,8 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from memr1.llm.sharding import full_parameters, named_model_parameters
+
 
 class VLLMWeightSync(Callback):
     """After each training step, push the policy into `pl_module.engine` when it is a vLLM engine.
@@ -24,9 +26,11 @@ class VLLMWeightSync(Callback):
         if not hasattr(engine, "load_weights"):
             return
         policy = pl_module.policy
-        if hasattr(policy, "peft_config"):
-            adapter_dir = self.scratch_dir / f"step-{trainer.global_step}"
-            policy.save_pretrained(adapter_dir)
-            engine.load_lora(adapter_dir)
-        else:
-            engine.load_weights((name, param.detach()) for name, param in policy.named_parameters())
+        # Under FSDP each rank holds a shard: gather the full parameters (every rank takes part).
+        with full_parameters(trainer.strategy.model or pl_module):
+            if hasattr(policy, "peft_config"):
+                adapter_dir = self.scratch_dir / f"step-{trainer.global_step}"
+                policy.save_pretrained(adapter_dir)
+                engine.load_lora(adapter_dir)
+            else:
+                engine.load_weights(named_model_parameters(policy))

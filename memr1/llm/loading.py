@@ -14,6 +14,7 @@ padding.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -224,6 +225,30 @@ def checkpoint_chain(adapter: str | os.PathLike[str]) -> list[Path]:
         pointer = current / WARM_START_FILE
         current = Path(json.loads(pointer.read_text())["init"]) if pointer.is_file() else None
     return chain
+
+
+def merged_checkpoint(
+    name_or_path: str | os.PathLike[str],
+    ckpt: str | os.PathLike[str],
+    *,
+    dtype: str | torch.dtype = "float32",
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Path:
+    """A full checkpoint directory of the backbone with `ckpt` applied (`load_policy`): what an engine
+    that serves whole models (vLLM) needs for a LoRA export and its warm starts. A full checkpoint is
+    returned as it is; a merge is made once, under `<cache>/merged/<digest of the chain>`."""
+    chain = checkpoint_chain(ckpt)
+    if len(chain) == 1 and not (chain[0] / "adapter_config.json").is_file():
+        return chain[0]
+    stamps = [(str(c.resolve()), max(f.stat().st_mtime_ns for f in c.iterdir())) for c in chain]
+    digest = hashlib.sha256(json.dumps([str(name_or_path), str(dtype), stamps]).encode()).hexdigest()[:16]
+    target = cache_root(cache_dir) / "merged" / digest
+    if not (target / "config.json").is_file():
+        model, tokenizer = load_policy(name_or_path, dtype=dtype, cache_dir=cache_dir, ckpt=ckpt)
+        with atomic_directory(target) as staging:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+    return target
 
 
 def _from_pretrained(auto_class: type, name_or_path: str, **kwargs: object) -> object:

@@ -27,6 +27,11 @@ class SamplingConfig:
     stop: tuple[str, ...] = ()
     seed: int | None = None
 
+    @classmethod
+    def greedy_up_to(cls, max_new_tokens: int) -> SamplingConfig:
+        """How an agent decodes outside RL rollouts: validation, evaluation, a frozen agent, bank building."""
+        return cls(max_new_tokens=max_new_tokens, temperature=0.0)
+
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             raise ValueError(

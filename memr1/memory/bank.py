@@ -24,7 +24,7 @@ import numpy as np
 
 from memr1.embed import Embedder
 from memr1.memory.errors import InvalidOpError, MemoryBankError, StaleForkError, UnknownMemoryError
-from memr1.memory.index import Hit, VectorIndex, merge_hits
+from memr1.memory.index import Hit, VectorIndex, merge_hits, unit_rows
 from memr1.memory.records import (
     Revision,
     StoredMemory,
@@ -34,11 +34,11 @@ from memr1.memory.records import (
     live_target,
     restored,
     updated,
+    with_score,
 )
 from memr1.memory.store import WRITE_BATCH, MilvusStore, resolve_uri
 from memr1.types import MemoryEntry, MemoryOp, OpKind
 
-_UNIT_NORM_TOLERANCE = 1e-3
 _fork_numbers = itertools.count(1)
 # (resolved uri, collection) of every bank open in this process: two bank objects on one collection
 # would each index only their own writes.
@@ -396,29 +396,3 @@ class BankFork(MemoryView):
         inherited = self._parent._hits(queries, speaker, k, hidden)
         own = self._index.search(queries, speaker, k, exclude)
         return [merge_hits(pair, k) for pair in zip(inherited, own)]
-
-
-def with_score(entry: MemoryEntry, score: float) -> MemoryEntry:
-    # The constructor, not dataclasses.replace: half the cost, and a search builds 30-60 of these.
-    return MemoryEntry(
-        entry.id,
-        entry.text,
-        entry.speaker,
-        entry.timestamp,
-        entry.provenance,
-        entry.created_step,
-        entry.updated_step,
-        score,
-    )
-
-
-def unit_rows(vectors: np.ndarray, dim: int, where: str) -> np.ndarray:
-    """`vectors` as float32 (n, dim), checked finite and L2-normalised (the index scores cosine as a dot)."""
-    array = np.asarray(vectors, dtype=np.float32)
-    if array.ndim != 2 or array.shape[1] != dim:
-        raise ValueError(f"{where}: expected shape (n, {dim}), got {array.shape}")
-    norms = np.linalg.norm(array, axis=1)
-    bad = np.flatnonzero(~np.isfinite(norms) | (np.abs(norms - 1.0) > _UNIT_NORM_TOLERANCE))
-    if bad.size:
-        raise ValueError(f"{where}: row {bad[0]} has norm {norms[bad[0]]:.4g}; vectors must be finite and unit-length")
-    return array

@@ -161,3 +161,18 @@ class VectorIndex:
             return partition.search(queries, k, exclude) if partition else [[] for _ in queries]
         per_partition = [partition.search(queries, k, exclude) for partition in self._partitions.values()]
         return [merge_hits((hits[query] for hits in per_partition), k) for query in range(len(queries))]
+
+
+_UNIT_NORM_TOLERANCE = 1e-3
+
+
+def unit_rows(vectors: np.ndarray, dim: int, where: str) -> np.ndarray:
+    """`vectors` as float32 (n, dim), checked finite and L2-normalised (the index scores cosine as a dot)."""
+    array = np.asarray(vectors, dtype=np.float32)
+    if array.ndim != 2 or array.shape[1] != dim:
+        raise ValueError(f"{where}: expected shape (n, {dim}), got {array.shape}")
+    norms = np.linalg.norm(array, axis=1)
+    bad = np.flatnonzero(~np.isfinite(norms) | (np.abs(norms - 1.0) > _UNIT_NORM_TOLERANCE))
+    if bad.size:
+        raise ValueError(f"{where}: row {bad[0]} has norm {norms[bad[0]]:.4g}; vectors must be finite and unit-length")
+    return array

@@ -8,7 +8,6 @@ import torch
 
 from memr1.envs.answer import AnswerEnv, AnswerState
 from memr1.envs.base import Reward
-from memr1.llm.sampling import SamplingConfig
 from memr1.metrics import QAMetrics
 from memr1.modules.base import RLModule
 
@@ -21,8 +20,7 @@ class AnswerRLModule(RLModule):
 
     @torch.no_grad()
     def validation_step(self, states: list[AnswerState], batch_idx: int) -> None:
-        greedy = SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=0.0)
-        outputs = self.engine.generate([self.env.prompt(state) for state in states], greedy)
+        outputs = self.engine.generate([self.env.prompt(state) for state in states], self.validation_sampling())
         answers = [self.env.agent.parse(samples[0].text).answer for samples in outputs]
         self.val_metrics.update(answers, [s.question.answer for s in states], [s.question.category for s in states])
         self.sample_validation_rewards(states)

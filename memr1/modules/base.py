@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -32,10 +32,12 @@ from memr1.envs.base import Environment, Reward
 from memr1.interrupt import raise_if_requested
 from memr1.llm.engines import GenerationEngine, HFEngine
 from memr1.llm.sampling import SamplingConfig
+from memr1.llm.sharding import clip_grad_norm, is_sharded
+from memr1.modules.held_out import HeldOutRewards
 from memr1.rl import core
 from memr1.rl.batch import RolloutBatch, pack_rollouts, response_logprobs, response_values
 
-class RLModule(LightningModule):
+class RLModule(HeldOutRewards, LightningModule):
     """Trains `policy` on `env` with PPO (a `critic` is required) or GRPO (no critic).
 
     `reference` is the frozen policy of the KL term; None with a peft policy means "the same model with
@@ -118,6 +120,10 @@ class RLModule(LightningModule):
         return optimizers, None
 
     # -- rollout and reward -------------------------------------------------------------------------
+    def validation_sampling(self) -> SamplingConfig:
+        """Greedy, to the agent's `max_new_tokens`: how evaluate.py decodes the same agent."""
+        return SamplingConfig.greedy_up_to(self.max_new_tokens)
+
     def rollout_sampling(self) -> SamplingConfig:
         return SamplingConfig(
             max_new_tokens=self.max_new_tokens,
@@ -297,7 +303,7 @@ class RLModule(LightningModule):
         """Clip and step; a gradient whose norm is not finite is dropped and counted instead (verl's
         `_optimizer_step`): one bad batch must not turn the weights into NaN."""
         params = [p for p in module.parameters() if p.requires_grad]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.algo.grad_clip)
+        norm = clip_grad_norm(params, self.algo.grad_clip, sharded=is_sharded(module))
         if torch.isfinite(norm):
             optimizer.step()
         else:
@@ -311,43 +317,6 @@ class RLModule(LightningModule):
         data = self.trainer.datamodule if self.trainer is not None else None
         if self.probe_count and self.probe_every_n_steps and hasattr(data, "probe_states"):
             self.probe = data.probe_states(self.probe_count)
-
-    @torch.no_grad()
-    def probe_reward(self) -> float:
-        """Mean reward of the probe states, sampled as rollouts are but with one fixed seed, so that
-        two probes differ by what the policy learned, not by which questions or samples were drawn."""
-        sampling = replace(self.rollout_sampling(), seed=self.seed * 1_000_003 - 1)
-        was_training = self.policy.training
-        self.policy.eval()
-        outputs = self.engine.generate([self.env.prompt(state) for state in self.probe], sampling)
-        self.policy.train(was_training)
-        rows = [(state, sample.text) for state, samples in zip(self.probe, outputs) for sample in samples]
-        rewards = self.env.score([state for state, _ in rows], [text for _, text in rows])
-        return sum(reward.score for reward in rewards) / len(rewards)
-
-    @torch.no_grad()
-    def sample_validation_rewards(self, states: Sequence[Any]) -> None:
-        """One sample per state at the rollout temperature (seeded per step and batch), scored by the
-        environment, kept for `val/sampled_reward`; nothing when the option is off."""
-        if not self.val_sampled_reward:
-            return
-        sampling = replace(self.rollout_sampling(), n=1, seed=self.seed * 1_000_003 + 7 * self.global_step + len(self._val_sampled))
-        outputs = self.engine.generate([self.env.prompt(state) for state in states], sampling)
-        rewards = self.env.score(list(states), [samples[0].text for samples in outputs])
-        self._val_sampled.extend(reward.score for reward in rewards)
-
-    def log_sampled_validation_reward(self) -> None:
-        if self._val_sampled:
-            self.log("val/sampled_reward", sum(self._val_sampled) / len(self._val_sampled))
-        self._val_sampled = []
-
-    def probe_metrics(self) -> dict[str, float]:
-        """`train/probe_reward` and its seconds at step 1 and every `probe_every_n_steps`, else nothing."""
-        if not self.probe or (self.global_step % self.probe_every_n_steps and self.global_step != 1):
-            return {}
-        started = time.perf_counter()
-        reward = self.probe_reward()
-        return {"train/probe_reward": reward, "time/probe_s": time.perf_counter() - started}
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         raise_if_requested()

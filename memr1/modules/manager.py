@@ -9,7 +9,6 @@ import torch
 
 from memr1.envs.base import Reward
 from memr1.envs.manager import ManagerEnv, ManagerState
-from memr1.llm.sampling import SamplingConfig
 from memr1.modules.base import RLModule
 from memr1.types import OpKind
 
@@ -22,8 +21,7 @@ class ManagerRLModule(RLModule):
 
     @torch.no_grad()
     def validation_step(self, states: list[ManagerState], batch_idx: int) -> None:
-        greedy = SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=0.0)
-        outputs = self.engine.generate([self.env.prompt(state) for state in states], greedy)
+        outputs = self.engine.generate([self.env.prompt(state) for state in states], self.validation_sampling())
         rewards = self.env.score(states, [samples[0].text for samples in outputs])
         self._val_rewards.extend(r.score for r in rewards)
         self.sample_validation_rewards(states)

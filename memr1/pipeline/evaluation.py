@@ -24,7 +24,7 @@ from memr1.banks.recipe import bank_recipe, open_or_build_banks, store_location
 from memr1.datasets.locomo_file import load_locomo_split
 from memr1.datasets.registry import category_names, load_dataset
 from memr1.embed import Embedder
-from memr1.factories import ModelCache, answer_agent, answer_config, banks_config, greedy, make_judge, manager_config, memory_policy
+from memr1.factories import ModelCache, answer_agent, answer_config, banks_config, make_judge, manager_config, memory_policy
 from memr1.llm.sampling import SamplingConfig
 from memr1.pipeline.answering import Prediction, answer_questions
 from memr1.pipeline.extraction import extract_facts
@@ -100,7 +100,7 @@ def memory_items_for(
     the backbone (memory=llm_facts, cached in `facts_cache` so reruns and resumed runs skip done turns)."""
     if cfg.memory.source != "llm":
         return {c.sample_id: memory_items(c, cfg.memory.source) for c in conversations}
-    sampling = SamplingConfig(max_new_tokens=cfg.memory.max_new_tokens, temperature=0.0)
+    sampling = SamplingConfig.greedy_up_to(cfg.memory.max_new_tokens)
     with progress_bar() as bar:
         task = bar.add_task("extracting facts", total=sum(1 for c in conversations for _ in c.turns()))
         return extract_facts(
@@ -156,7 +156,7 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             )
         agent = answer_agent(answer)
         engine = models.engine(answer.ckpt)
-        sampling = greedy(answer.max_new_tokens)
+        sampling = SamplingConfig.greedy_up_to(answer.max_new_tokens)
         predictions_path = run_dir / "predictions.jsonl"
         with predictions_path.open("w") as out, progress_bar() as bar:
             task = bar.add_task("answering", total=len(questions))

@@ -23,7 +23,6 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -33,42 +32,8 @@ from memr1.agents.manager import ManagerAgent
 from memr1.embed import Embedder
 from memr1.memory import MemoryBank, MemoryBankError, UnknownMemoryError
 from memr1.service.models import TextModel
+from memr1.service.scopes import EVENTS, SCOPE_KEYS, MemoryNotFound, collection_of, now, scope_of
 from memr1.types import Fact, MemoryEntry, MemoryOp, OpKind, Turn
-
-SCOPE_KEYS = ("user_id", "agent_id", "run_id")
-EVENTS = {OpKind.ADD: "ADD", OpKind.UPDATE: "UPDATE", OpKind.DELETE: "DELETE"}
-
-
-class MemoryNotFound(LookupError):
-    """No memory has this id (HTTP 404)."""
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def scope_of(user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None, filters: Mapping[str, Any] | None = None) -> str:
-    """The scope string of an id combination ("user_id=andrew"), Mem0's `filters` merged in."""
-    ids = {"user_id": user_id, "agent_id": agent_id, "run_id": run_id}
-    for key, value in (filters or {}).items():
-        if key not in SCOPE_KEYS:
-            raise ValueError(f"filters: unknown key {key!r}; expected some of {SCOPE_KEYS}")
-        ids[key] = value
-    parts = []
-    for key in SCOPE_KEYS:
-        value = ids[key]
-        if value is None:
-            continue
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError(f"{key}: expected a non-empty string, got {value!r}")
-        parts.append(f"{key}={value.strip()}")
-    if not parts:
-        raise ValueError("at least one of user_id, agent_id, run_id is required")
-    return "&".join(parts)
-
-
-def collection_of(scope: str) -> str:
-    return "scope_" + hashlib.sha256(scope.encode()).hexdigest()[:24]
 
 
 class Memory:

@@ -26,13 +26,10 @@ class LocalModel:
     """A causal LM loaded in this process through an HF generation engine."""
 
     def __init__(self, name_or_path: str = EMBEDDED_DEFAULT, adapter: str | None = None, dtype: str = "float32", batch_size: int = 8) -> None:
-        from memr1.factories import build_engine
-        from memr1.llm.loading import load_policy
+        from memr1.factories import build_engine, frozen_policy
 
-        model, tokenizer = load_policy(name_or_path, dtype=dtype, ckpt=adapter)
-        for param in model.parameters():
-            param.requires_grad_(False)
-        self.engine = build_engine("hf", model=model.eval(), tokenizer=tokenizer, batch_size=batch_size)
+        model, tokenizer = frozen_policy(name_or_path, dtype, adapter)
+        self.engine = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=batch_size)
         self.name = f"{name_or_path}+{adapter}" if adapter else str(name_or_path)
         self._lock = threading.Lock()
 

@@ -71,10 +71,10 @@ def main() -> None:
     seed_everything(0)
     tokenizer = load_tokenizer("embedded:smollm2-135m-instruct")
     group = 2 if args.algo == "grpo" else 1
-    algo = AlgoConfig(name=args.algo, group_size=group, max_new_tokens=6, actor_lr=1e-3, critic_lr=1e-3, kl_coef=0.0, micro_batch_size=2)
+    algo = AlgoConfig(name=args.algo, group_size=group, actor_lr=1e-3, critic_lr=1e-3, kl_coef=0.0, micro_batch_size=2)
     critic = ValueModel(tiny_causal_lm(tokenizer, seed=2)) if args.algo == "ppo" else None
     env = FirstOfGroupEnv(group if group > 1 else 2)
-    module = Module(tiny_causal_lm(tokenizer, seed=1), tokenizer, env, algo, critic=critic, seed=11)
+    module = Module(tiny_causal_lm(tokenizer, seed=1), tokenizer, env, algo, max_new_tokens=6, critic=critic, seed=11)
     callbacks: list[Callback] = [ModelCheckpoint(dirpath=args.run_dir / "checkpoints", every_n_train_steps=1, save_last=True, save_top_k=-1)]
     if args.kill_at_step is not None:
         callbacks.append(KillAtStep(args.kill_at_step))

@@ -1,0 +1,46 @@
+"""Who a memory belongs to: Mem0's user / agent / run ids as one scope string, its collection name,
+and the names the service reports operations by."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from memr1.types import OpKind
+
+SCOPE_KEYS = ("user_id", "agent_id", "run_id")
+EVENTS = {OpKind.ADD: "ADD", OpKind.UPDATE: "UPDATE", OpKind.DELETE: "DELETE"}
+
+
+class MemoryNotFound(LookupError):
+    """No memory has this id (HTTP 404)."""
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def scope_of(user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None, filters: Mapping[str, Any] | None = None) -> str:
+    """The scope string of an id combination ("user_id=andrew"), Mem0's `filters` merged in."""
+    ids = {"user_id": user_id, "agent_id": agent_id, "run_id": run_id}
+    for key, value in (filters or {}).items():
+        if key not in SCOPE_KEYS:
+            raise ValueError(f"filters: unknown key {key!r}; expected some of {SCOPE_KEYS}")
+        ids[key] = value
+    parts = []
+    for key in SCOPE_KEYS:
+        value = ids[key]
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{key}: expected a non-empty string, got {value!r}")
+        parts.append(f"{key}={value.strip()}")
+    if not parts:
+        raise ValueError("at least one of user_id, agent_id, run_id is required")
+    return "&".join(parts)
+
+
+def collection_of(scope: str) -> str:
+    return "scope_" + hashlib.sha256(scope.encode()).hexdigest()[:24]

@@ -1,0 +1,70 @@
+"""One agent, one config: `train.py`'s validation and `evaluate.py` prompt, retrieve and decode the
+Answer Agent from the same `answer` group, and the bank recipe names identical banks identically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from data_modules.rl_states import RLStatesDataModule
+from memr1.banks.recipe import bank_recipe
+from memr1.factories import answer_agent, answer_config, build_module
+from memr1.llm.loading import load_tokenizer
+from memr1.llm.sampling import SamplingConfig
+from memr1.llm.testing import save_tiny_checkpoint
+from memr1.types import MemoryEntry, Question
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+AGENT = ["answer.k_per_speaker=4", "answer.max_new_tokens=48", "answer.distill=false", "answer.max_answer_words=5"]
+QUESTION = Question(qid="c/q0", conversation_id="c", question="Where did Ann move?", answer="Lisbon", evidence=("D1:1",), category=4)
+MEMORIES = {"Ann": [MemoryEntry("m1", "Ann moved to Lisbon", "Ann", "9 May, 2023", provenance=("D1:1",))], "Bo": []}
+
+
+def composed(name: str, *overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(name, list(overrides))
+
+
+@pytest.fixture(scope="module")
+def backbone(tmp_path_factory) -> Path:
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "model", load_tokenizer("embedded:smollm2-135m-instruct"))
+
+
+def test_training_validation_and_evaluation_read_one_answer_agent(backbone, tmp_path):
+    train = composed("train", f"backbone.name_or_path={backbone}", f"banks.dir={tmp_path}", f"run_dir={tmp_path / 'run'}", *AGENT)
+    evaluation = composed("evaluate", f"backbone.name_or_path={backbone}", *AGENT)
+    agent = answer_config(evaluation)
+    assert answer_config(train) == agent  # the same group file and overrides: one object's worth of settings
+    assert (agent.k_per_speaker, agent.max_new_tokens, agent.distill, agent.max_answer_words) == (4, 48, False, 5)
+
+    module = build_module(train)
+    data = RLStatesDataModule.from_config(train)
+    # Retrieval: the states validation scores hold as many memories per speaker as evaluation retrieves.
+    assert data.k_per_speaker == agent.k_per_speaker
+    # Decoding: validation decodes exactly as evaluate.py does.
+    assert module.validation_sampling() == SamplingConfig.greedy_up_to(agent.max_new_tokens)
+    assert module.max_new_tokens == agent.max_new_tokens
+    # Prompting and parsing: the training environment's agent is the evaluation's.
+    from memr1.envs.answer import AnswerState
+
+    assert module.env.prompt(AnswerState(QUESTION, MEMORIES)) == answer_agent(agent).build_messages(QUESTION.question, MEMORIES)
+    reply = "**Answer:** Lisbon in May of the year 2023"
+    assert module.env.agent.parse(reply) == answer_agent(agent).parse(reply)
+
+
+def test_identical_bank_recipes_share_one_name_and_different_ones_do_not(tmp_path):
+    train = bank_recipe(composed("train", "model=answer"))
+    evaluation = bank_recipe(composed("evaluate"))
+    assert train == evaluation and train.signature() == evaluation.signature()
+    assert train.signature().startswith("locomo-observation-add_all-")
+    prompted = bank_recipe(composed("evaluate", "banks=manager"))
+    trained = bank_recipe(composed("evaluate", "banks=manager", f"manager.ckpt={tmp_path}"))
+    raw = bank_recipe(composed("evaluate", "banks=manager", "memory=raw_turns"))
+    assert len({train.signature(), prompted.signature(), trained.signature()}) == 3
+    assert prompted.writer["manager"]["ckpt"] is None and trained.writer["manager"]["ckpt"] == str(tmp_path)
+    # Raw turns are ADDed whoever the policy is: no model writes them, so the Manager is not in the name.
+    assert not raw.uses_manager and raw.signature().startswith("locomo-raw_turns-add_all-")
+    # The Answer Agent's settings do not change the banks.
+    assert bank_recipe(composed("evaluate", "answer.k_per_speaker=3")).signature() == evaluation.signature()
