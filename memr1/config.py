@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 ALGORITHMS = ("ppo", "grpo", "sft")  # sft: memr1.modules.sft
+BASELINES = ("group", "none")
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 LOSS_AGG_MODES: tuple[str, ...] = LossAggMode.__args__  # type: ignore[attr-defined]
 
@@ -39,6 +40,7 @@ class AlgoConfig:
     kl_kind: str = "low_var_kl"      # verl's k3
     entropy_coef: float = 0.0
     norm_adv_by_std: bool = True     # False: Dr. GRPO
+    baseline: str = "group"          # GRPO's group mean; "none": the reward itself (counterfactual credit)
     loss_agg_mode: str = "token-mean"
     ppo_epochs: int = 1
     mini_batch_size: int = 0         # sequences per optimiser step; 0 = the whole rollout batch
@@ -53,6 +55,8 @@ class AlgoConfig:
             raise ValueError(f"algo.group_size: GRPO needs at least 2 samples per state, got {self.group_size}")
         if self.micro_batch_size < 1:
             raise ValueError(f"algo.micro_batch_size: must be >= 1, got {self.micro_batch_size}")
+        if self.baseline not in BASELINES:
+            raise ValueError(f"algo.baseline: {self.baseline!r} is not one of {BASELINES}")
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"algo.loss_agg_mode: {self.loss_agg_mode!r} is not one of {LOSS_AGG_MODES}")
 

@@ -211,6 +211,7 @@ def build_env(cfg: DictConfig) -> AnswerEnv | ManagerEnv:
             reward=model.reward,
             format_penalty=model.format_penalty,
             judge=judge,
+            credit=model.credit,
         )
     raise ValueError(f"model.agent: unknown agent {model.agent!r}; expected answer or manager")
 

@@ -14,8 +14,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-# The typed groups and their dataclasses (memr1.config), checked key by key before anything heavy.
-TYPED_GROUPS = ("algo", "answer", "manager", "banks")
+# The typed groups of each entry point (dataclasses of memr1.config), checked key by key before anything
+# heavy. A preset for both entry points may hold train-only groups (algo): evaluate.py ignores them.
+TRAIN_GROUPS = ("algo", "answer", "manager", "banks")
+EVALUATE_GROUPS = ("answer", "manager", "banks")
 
 
 class ConfigError(ValueError):
@@ -88,7 +90,7 @@ def check_devices(trainer: DictConfig, states_per_step: int) -> None:
         )
 
 
-def check_typed_groups(cfg: DictConfig) -> None:
+def check_typed_groups(cfg: DictConfig, groups: tuple[str, ...] = TRAIN_GROUPS) -> None:
     """Each typed group has exactly its dataclass's fields (an unknown or misspelt key is named, with
     the nearest field) and values the dataclass accepts; `hydra.utils.instantiate` then builds it."""
     import dataclasses
@@ -97,7 +99,7 @@ def check_typed_groups(cfg: DictConfig) -> None:
     from hydra.utils import get_class, instantiate
     from omegaconf import OmegaConf
 
-    for group in TYPED_GROUPS:
+    for group in groups:
         node = cfg.get(group)
         if node is None:
             continue
@@ -142,13 +144,18 @@ def check_train(cfg: DictConfig) -> None:
     trained = "answer" if cfg.model.agent == "answer" else "manager"
     check_dir("answer.ckpt", cfg.answer.ckpt, "the warm start" if trained == "answer" else "the frozen Answer Agent's policy export")
     check_dir("manager.ckpt", cfg.manager.ckpt, "the warm start" if trained == "manager" else "the Manager export that writes the banks")
+    if cfg.model.get("credit") == "counterfactual" and not (cfg.algo.name == "grpo" and cfg.algo.baseline == "none"):
+        raise ConfigError(
+            f"model.credit=counterfactual with algo={cfg.algo.name} algo.baseline={cfg.algo.baseline}: the NOOP reward is "
+            "the same for every sample of a state, so a group baseline or a critic cancels it; use algo=grpo algo.baseline=none"
+        )
     if cfg.algo.name == "sft" and cfg.teacher.kind == "endpoint" and not (cfg.teacher.get("url") and cfg.teacher.get("model")):
         raise ValueError("teacher=endpoint needs teacher.url=http://HOST:PORT/v1 and teacher.model=NAME")
 
 
 def check_evaluate(cfg: DictConfig) -> None:
     """What `evaluate.py` needs before anything heavy starts."""
-    check_typed_groups(cfg)
+    check_typed_groups(cfg, EVALUATE_GROUPS)
     check_data(cfg.data)
     check_backbone(cfg.backbone)
     check_dir("answer.ckpt" if cfg.get("ckpt") is None else "ckpt", cfg.answer.ckpt, "a policy export: runs/train/.../policy/best or last")

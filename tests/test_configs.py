@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from memr1.config import AlgoConfig, AnswerConfig, BanksConfig, ManagerConfig
 from memr1.factories import algo_config, answer_config
-from memr1.preflight import ConfigError, check_typed_groups
+from memr1.preflight import EVALUATE_GROUPS, TRAIN_GROUPS, ConfigError, check_typed_groups
 from memr1.training import trainer_kwargs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -85,6 +85,16 @@ def test_sweep_parameters_name_real_config_keys(sweep):
 def test_evaluation_variants_compose(overrides):
     cfg = compose_config("evaluate", overrides)
     assert cfg.answer.k_per_speaker >= 1 and cfg.split in ("train", "validation", "test")
+    check_typed_groups(cfg, EVALUATE_GROUPS)
+
+
+@pytest.mark.parametrize("preset", sorted(str(p.relative_to(CONF / "experiment").with_suffix("")) for p in (CONF / "experiment").rglob("*.yaml")))
+def test_every_preset_passes_both_entry_points_checks(preset):
+    # A preset is one file for both scripts: train-only groups in it must not trip evaluate.py's checks.
+    # Presets that switch a training group (algo=ppo, model=manager) are for train.py alone.
+    check_typed_groups(compose_config("train", [f"experiment={preset}"]), TRAIN_GROUPS)
+    if preset not in ("cpu_lift/answer_ppo", "cpu_lift/manager", "cpu_lift/manager_counterfactual"):
+        check_typed_groups(compose_config("evaluate", [f"experiment={preset}"]), EVALUATE_GROUPS)
 
 
 def test_a_wrong_algorithm_name_fails_early():

@@ -218,6 +218,30 @@ def test_manager_env_scores_a_group_on_independent_forks_in_one_answer_call(bank
     assert snapshot(bank) == before and bank.step == 3
 
 
+def test_counterfactual_credit_scores_each_operation_against_the_same_state_under_noop(bank: MemoryBank) -> None:
+    state = scout_state(bank, [DOGS, CATS])
+    buddy = str([c.text for c in state.candidates].index("Andrew adopted a dog named Buddy"))
+    reader = MemoryReader()
+    env = ManagerEnv(ManagerAgent(), AnswerAgent(), reader, GREEDY, k_per_speaker=30, credit="counterfactual")
+    responses = [op_json("UPDATE", buddy, MERGED), "no JSON here", op_json("ADD", text=SCOUT.text), op_json("DELETE", buddy)]
+    rewards = env.score([state] * len(responses), responses)
+    # Under NOOP the reader answers "Buddy" (EM 0) and "two cats" (EM 1): the NOOP score is 0.5. The
+    # outcome scores are 1.0, 0.5 - 0.1, 0.5, 0.5 (see the test above); each minus 0.5:
+    assert [r.score for r in rewards] == pytest.approx([0.5, -0.1, 0.0, 0.0])
+    assert {r.info["noop_score"] for r in rewards} == {0.5}
+    # The NOOP baseline is the malformed response's own prompts: no extra answer was generated.
+    assert len(reader.calls) == 1 and len(reader.calls[0]) == 2 * len(responses)
+    # Cached per state: scoring the same state again asks only for the new response's answers.
+    [again] = env.score([state], [op_json("UPDATE", buddy, MERGED)])
+    assert again.score == pytest.approx(0.5) and len(reader.calls[1]) == 2
+    # A group with no NOOP of its own pays one more prompt per question for the baseline.
+    fresh = ManagerEnv(ManagerAgent(), AnswerAgent(), MemoryReader(), GREEDY, k_per_speaker=30, credit="counterfactual")
+    [added] = fresh.score([state], [op_json("ADD", text=SCOUT.text)])
+    assert added.score == pytest.approx(0.0) and len(fresh.answer_engine.calls[0]) == 4
+    with pytest.raises(ValueError, match="credit: 'noop' is not one of"):
+        ManagerEnv(ManagerAgent(), AnswerAgent(), MemoryReader(), GREEDY, k_per_speaker=5, credit="noop")
+
+
 def test_manager_env_rejected_op_is_a_noop_with_the_penalty(bank: MemoryBank) -> None:
     state = scout_state(bank, [DOGS])
     env = ManagerEnv(ManagerAgent(), AnswerAgent(), MemoryReader(), GREEDY, k_per_speaker=5)

@@ -87,3 +87,28 @@ def test_evaluate_checkpoints_are_checked_before_loading_anything(tmp_path, key)
 def test_a_typo_in_a_key_fails_before_heavy_imports(tmp_path):
     result = entry("train.py", f"run_dir={tmp_path / 'r'}", "algo.actr_lr=1")
     assert_fails_light(result, "actr_lr")
+
+
+@pytest.mark.parametrize(
+    ("script", "override", "message"),
+    [
+        ("train.py", "+algo.actr_lr=1", "algo.actr_lr: no such key in algo (AlgoConfig); did you mean algo.actor_lr?"),
+        ("evaluate.py", "+answer.k_per_speakr=3", "answer.k_per_speakr: no such key in answer (AnswerConfig); did you mean answer.k_per_speaker?"),
+        ("evaluate.py", "banks.policy=prompted", "banks.policy: 'prompted' is not one of ('add_all', 'manager')"),
+        ("train.py", "answer.max_new_tokens=0", "answer.max_new_tokens: must be >= 1, got 0"),
+    ],
+)
+def test_following_hydras_append_hint_still_names_the_key_before_heavy_imports(tmp_path, script, override, message):
+    result = entry(script, override, f"run_dir={tmp_path / 'r'}" if script == "train.py" else f"hydra.run.dir={tmp_path / 'e'}")
+    assert_fails_light(result, message)
+
+
+@pytest.mark.parametrize("key", ["answer.ckpt", "manager.ckpt"])
+def test_train_checkpoints_are_checked_before_loading_anything(tmp_path, key):
+    model = "model=answer" if key == "answer.ckpt" else "model=manager"
+    assert_fails_light(entry("train.py", model, f"run_dir={tmp_path / 'r'}", f"{key}=/nonexistent/policy"), f"{key}=/nonexistent/policy")
+
+
+def test_counterfactual_credit_with_a_group_baseline_is_refused(tmp_path):
+    result = entry("train.py", "model=manager", "model.credit=counterfactual", f"run_dir={tmp_path / 'r'}")
+    assert_fails_light(result, "model.credit=counterfactual with algo=grpo algo.baseline=group", "algo.baseline=none")

@@ -230,3 +230,19 @@ def test_the_sampled_validation_reward_samples_at_the_rollout_temperature(tokeni
     off = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), algo, max_new_tokens=12, seed=3)
     off.sample_validation_rewards(states)
     assert off._val_sampled == []
+
+
+def test_without_a_baseline_the_reward_is_the_advantage_even_in_a_group_that_agrees(tokenizer):
+    algo = AlgoConfig(name="grpo", group_size=4, actor_lr=1e-3, kl_coef=0.0, micro_batch_size=4, baseline="none")
+    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), algo, max_new_tokens=6, seed=3)
+    batch, _ = module.rollout(["Say hello.", "Name a dog."])
+    batch.scores = torch.tensor([0.3, 0.3, 0.3, 0.3, -0.2, 0.0, 0.1, 0.1])  # the first group all alike
+    module._advantages(batch, [0, 0, 0, 0, 1, 1, 1, 1])
+    mask = batch.response_mask.float()
+    assert torch.equal(batch.advantages, batch.scores.unsqueeze(1) * mask)
+    # GRPO's group baseline gives the agreeing group nothing to learn from.
+    grouped = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), AlgoConfig(name="grpo", group_size=4), max_new_tokens=6)
+    grouped._advantages(batch, [0, 0, 0, 0, 1, 1, 1, 1])
+    assert torch.all(batch.advantages[:4] == 0)
+    with pytest.raises(ValueError, match="algo.baseline: 'mean' is not one of"):
+        AlgoConfig(baseline="mean")

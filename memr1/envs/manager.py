@@ -4,6 +4,11 @@ Answer Agent answer the questions that depend on the fact's turn, reward = their
 There are no operation labels (as in the paper): an operation is good when the answers it leads to are
 right. Every response gets its own copy-on-write fork of the state's bank, so the G responses of a
 GRPO group are scored independently and the bank itself never changes.
+
+Counterfactual credit (`credit="counterfactual"`, memr1's, for a limit the paper names): the reward is
+the answers' score minus the score of the same state under NOOP, so an operation is credited for what it
+changed, not for what the bank already answered. The NOOP score costs one more frozen-answerer prompt
+per question of a state (none when a sampled response is itself a NOOP) and is cached per state.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from memr1.types import Fact, MemoryEntry, OpKind, Question
 REJECTED_OP = "rejected_op"
 # Default penalty for a malformed or rejected operation, see ManagerEnv.
 MANAGER_FORMAT_PENALTY = -0.1
+CREDITS = ("outcome", "counterfactual")
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,6 +83,9 @@ class ManagerEnv:
         GRPO group whose answers all score alike (the bank already answers the question, or nothing
         could) every advantage is zero: the penalty is then the only signal towards well-formed JSON. At
         a tenth of one correct answer it never outweighs answering right.
+    credit: "outcome" (the paper: the answers' score) or "counterfactual" (minus the state's NOOP score).
+        A constant per state, the NOOP score cancels in GRPO's group-normalised advantage: pair it with
+        `algo.baseline=none`, where it is the baseline.
     """
 
     def __init__(
@@ -89,9 +98,12 @@ class ManagerEnv:
         reward: str = "em",
         format_penalty: float = MANAGER_FORMAT_PENALTY,
         judge: Judge | None = None,
+        credit: str = "outcome",
     ) -> None:
         check_reward(reward, judge)
         check_format_penalty(format_penalty)
+        if credit not in CREDITS:
+            raise ValueError(f"credit: {credit!r} is not one of {CREDITS}")
         if k_per_speaker < 1:
             raise ValueError(f"k_per_speaker: must be >= 1, got {k_per_speaker}")
         if answer_sampling.n != 1:
@@ -106,6 +118,8 @@ class ManagerEnv:
         self.reward = reward
         self.format_penalty = format_penalty
         self.judge = judge
+        self.credit = credit
+        self._noop_scores: dict[tuple, float] = {}  # state key -> NOOP score (greedy answers: deterministic)
 
     def prompt(self, state: ManagerState) -> list[dict[str, str]]:
         return self.manager_agent.build_messages(state.fact, state.candidates)
@@ -113,13 +127,22 @@ class ManagerEnv:
     def score(self, states: Sequence[ManagerState], responses: Sequence[str]) -> list[Reward]:
         check_aligned(states, responses)
         applied = [self._apply(state, response) for state, response in zip(states, responses)]
-        # One row per (response, question): row r asks asked[r] for response owner[r].
+        # The states whose NOOP score is not known yet are answered in the same call, on unchanged forks.
+        baselines: dict[tuple, ManagerState] = {}
+        if self.credit == "counterfactual":
+            for state in states:
+                key = _state_key(state)
+                if key not in self._noop_scores:
+                    baselines.setdefault(key, state)
+        forks = [(state, outcome.fork) for state, outcome in zip(states, applied)]
+        forks += [(state, state.bank.fork()) for state in baselines.values()]
+        # One row per (fork, question): row r asks asked[r] on fork owner[r].
         owner: list[int] = []
         asked: list[Question] = []
         prompts: list[Prompt] = []
-        for index, (state, outcome) in enumerate(zip(states, applied)):
+        for index, (state, fork) in enumerate(forks):
             for question in state.questions:
-                memories = retrieve_memories(outcome.fork, question.question, state.speakers, self.k_per_speaker)
+                memories = retrieve_memories(fork, question.question, state.speakers, self.k_per_speaker)
                 prompts.append(self.answer_agent.build_messages(question.question, memories))
                 asked.append(question)
                 owner.append(index)
@@ -128,12 +151,15 @@ class ManagerEnv:
         golds = [question.answer for question in asked]
         scores = answer_rewards([question.question for question in asked], answers, golds, self.reward, self.judge)
 
-        rows: list[list[int]] = [[] for _ in states]
+        rows: list[list[int]] = [[] for _ in forks]
         for row, index in enumerate(owner):
             rows[index].append(row)
+        means = [sum(scores[row] for row in own) / len(own) for own in rows]
+        noop = dict(zip(baselines, means[len(states):]))
+        if self.answer_sampling.greedy:
+            self._noop_scores.update(noop)
         rewards = []
-        for outcome, own in zip(applied, rows):
-            mean_score = sum(scores[row] for row in own) / len(own)
+        for state, outcome, own, mean_score in zip(states, applied, rows, means):
             penalty = self.format_penalty if outcome.format_error is not None else 0.0
             info: dict[str, float | str] = {
                 "op": outcome.kind.value,
@@ -144,7 +170,12 @@ class ManagerEnv:
             }
             if self.reward == "judge":
                 info["judge"] = mean_score
-            rewards.append(Reward(mean_score + penalty, outcome.format_error, info))
+            credited = mean_score
+            if self.credit == "counterfactual":
+                key = _state_key(state)
+                info["noop_score"] = noop[key] if key in noop else self._noop_scores[key]
+                credited = mean_score - info["noop_score"]
+            rewards.append(Reward(credited + penalty, outcome.format_error, info))
         return rewards
 
     def _apply(self, state: ManagerState, response: str) -> _Applied:
@@ -182,3 +213,8 @@ def _prompt_key(prompt: Prompt) -> object:
     if isinstance(prompt, str):
         return prompt
     return tuple((message["role"], message["content"]) for message in prompt)
+
+
+def _state_key(state: ManagerState) -> tuple:
+    """What a state's NOOP score depends on: its fact (hence its window bank) and its questions."""
+    return (state.conversation_id, state.fact.dia_ids, state.fact.text, tuple(q.qid for q in state.questions))

@@ -75,6 +75,7 @@ class RLModule(HeldOutRewards, LightningModule):
         self._policy_samples_itself = engine is None
         self.automatic_optimization = False
         self.skipped_steps = 0  # optimiser steps dropped for a non-finite gradient norm
+        self._stage_seconds: dict[str, float] = {}  # of the current step: rollout, update, ...
         # A fixed probe set of training states, sampled with a fixed seed every N steps: the step reward
         # compares different questions each step, the probe reward the same ones (`train/probe_reward`).
         self.probe_count, self.probe_every_n_steps = probe_states, probe_every_n_steps
@@ -227,6 +228,8 @@ class RLModule(HeldOutRewards, LightningModule):
             batch.advantages, batch.returns = core.compute_gae(
                 token_rewards, batch.old_values, mask, gamma=self.algo.gamma, lam=self.algo.lam
             )
+        elif self.algo.baseline == "none":  # the environment's reward carries its own baseline
+            batch.advantages = core.broadcast_to_tokens(batch.scores.float(), mask)
         else:
             per_sequence = core.group_advantages(
                 batch.scores, torch.as_tensor(group_ids), norm_by_std=self.algo.norm_adv_by_std
@@ -359,6 +362,8 @@ class RLModule(HeldOutRewards, LightningModule):
         metrics["advantage/mean"] = float(advantages)
         metrics["advantage/max"] = float(batch.advantages[mask.bool()].max()) if mask.any() else 0.0
         metrics["advantage/min"] = float(batch.advantages[mask.bool()].min()) if mask.any() else 0.0
+        # The responses that carry a gradient: a zero advantage teaches nothing, whatever the reward.
+        metrics["advantage/nonzero_frac"] = float((batch.advantages.abs().amax(dim=1) > 0).float().mean())
         if self.critic is not None:
             metrics["critic/explained_variance"] = float(core.explained_variance(batch.old_values, batch.returns, mask))
         metrics["actor/lr"] = float(self._optimizers()[0].param_groups[0]["lr"])

@@ -33,4 +33,8 @@ class ManagerRLModule(RLModule):
 
     def extra_metrics(self, rewards: Sequence[Reward]) -> dict[str, float]:
         ops = Counter(str(r.info.get("op", OpKind.NOOP.value)) for r in rewards)
-        return {f"ops/{kind.value.lower()}_frac": ops[kind.value] / len(rewards) for kind in OpKind}
+        metrics = {f"ops/{kind.value.lower()}_frac": ops[kind.value] / len(rewards) for kind in OpKind}
+        noop = [float(r.info["noop_score"]) for r in rewards if "noop_score" in r.info]
+        if noop:  # counterfactual credit: the score of doing nothing, which the reward is measured against
+            metrics["reward/noop_mean"] = sum(noop) / len(noop)
+        return metrics
