@@ -95,7 +95,7 @@ class ManagerConfig:
                 raise ValueError(f"manager.{key}: must be >= 1, got {getattr(self, key)}")
 
 
-BankPolicy = Literal["add_all", "manager"]
+BANK_POLICIES = ("add_all", "manager")
 
 
 @dataclass(frozen=True)
@@ -109,5 +109,5 @@ class BanksConfig:
     lock_wait_s: float = 1800.0      # wait this long for another process building or loading them
 
     def __post_init__(self) -> None:
-        if self.policy not in BankPolicy.__args__:  # type: ignore[attr-defined]
-            raise ValueError(f"banks.policy: {self.policy!r} is not one of {BankPolicy.__args__}")  # type: ignore[attr-defined]
+        if self.policy not in BANK_POLICIES:
+            raise ValueError(f"banks.policy: {self.policy!r} is not one of {BANK_POLICIES}")

@@ -66,5 +66,6 @@ def test_identical_bank_recipes_share_one_name_and_different_ones_do_not(tmp_pat
     assert prompted.writer["manager"]["ckpt"] is None and trained.writer["manager"]["ckpt"] == str(tmp_path)
     # Raw turns are ADDed whoever the policy is: no model writes them, so the Manager is not in the name.
     assert not raw.uses_manager and raw.signature().startswith("locomo-raw_turns-add_all-")
+    assert raw == bank_recipe(composed("evaluate", "memory=raw_turns"))
     # The Answer Agent's settings do not change the banks.
     assert bank_recipe(composed("evaluate", "answer.k_per_speaker=3")).signature() == evaluation.signature()

@@ -20,17 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memr1.banks.build import build_banks, bank_name
+from memr1.banks.build import bank_name, build_banks
 from memr1.banks.policies import MemoryPolicy
+from memr1.config import BANK_POLICIES
 from memr1.embed import Embedder
 from memr1.memory import BankLockedError, MemoryBank
 from memr1.timing import StageTimer
 from memr1.types import Conversation, Fact
 
 log = logging.getLogger(__name__)
-
-BANK_POLICIES = ("add_all", "manager")
-
 
 @dataclass(frozen=True)
 class BankRecipe:
@@ -67,12 +65,13 @@ class BankRecipe:
 def bank_recipe(cfg: Any) -> BankRecipe:
     """The recipe of a composed `train.yaml` or `evaluate.yaml`: `data`, `memory` (the source), `banks`
     (the policy), and `manager` / `backbone` when a model writes."""
-    source = str(cfg.memory.source)
+    source, policy = str(cfg.memory.source), str(cfg.banks.policy)
+    if source == "raw_turns":
+        policy = "add_all"  # raw turns are ADDed whoever the policy is: the same banks, one name
     writer: dict[str, Any] = {}
     if source == "llm":
         writer["extractor"] = {"backbone": str(cfg.backbone.name_or_path), **dict(cfg.memory)}
-    recipe = BankRecipe(str(cfg.data.kind), str(cfg.data.path), source, str(cfg.banks.policy), writer)
-    if recipe.uses_manager:
+    if policy == "manager":
         manager = cfg.manager
         writer["manager"] = {
             "backbone": str(cfg.backbone.name_or_path),
@@ -80,7 +79,7 @@ def bank_recipe(cfg: Any) -> BankRecipe:
             "num_candidates": int(manager.num_candidates),
             "max_new_tokens": int(manager.max_new_tokens),
         }
-    return recipe
+    return BankRecipe(str(cfg.data.kind), str(cfg.data.path), source, policy, writer)
 
 
 def store_location(recipe: BankRecipe, banks_dir: str | Path, uri: str | None) -> tuple[str, Path]:
