@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from memr1.datasets.download import ChecksumMismatchError, ensure_file
-from memr1.datasets.locomo import ADVERSARIAL_CATEGORY, LOCOMO_SHA256, LOCOMO_URL, SPLITS, parse_locomo, split_conversations
+from memr1.datasets.locomo import LOCOMO_SHA256, LOCOMO_URL, parse_locomo, split_conversations
 from memr1.types import Conversation
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -45,16 +45,12 @@ def ensure_locomo(path: Path, url: str = LOCOMO_URL, sha256: str | None = LOCOMO
 
 
 def locomo_splits(
-    path: str | Path | None = None,
-    *,
-    url: str = LOCOMO_URL,
-    sha256: str | None = LOCOMO_SHA256,
-    download: bool | None = None,
-    splits: Mapping[str, Sequence[str] | None] = SPLITS,
-    exclude_categories: Collection[int] = (ADVERSARIAL_CATEGORY,),
+    path: str | Path | None, *, sha256: str | None, download: bool | None, splits: Mapping[str, Sequence[str] | None],
+    exclude_categories: Collection[int], url: str = LOCOMO_URL,
 ) -> dict[str, list[Conversation]]:
-    """Every split's conversations. A missing file is downloaded only to the default location (`path`
-    None), or when `download` asks: a mistyped path must say the file is missing, not try the network."""
+    """Every split's conversations, from a `data=locomo` config's values (`LoCoMoDataModule` holds the
+    same ones). A missing file is downloaded only to the default location (`path` None), or when
+    `download` asks: a mistyped path must say the file is missing, not try the network."""
     file = Path(path) if path is not None else default_locomo_path()
     ensure_locomo(file, url, sha256, download=(path is None) if download is None else download)
     parsed = parse_locomo(file, tuple(exclude_categories))

@@ -23,7 +23,9 @@ class ManagerRLModule(RLModule):
     def validation_step(self, states: list[ManagerState], batch_idx: int) -> None:
         outputs = self.engine.generate([self.env.prompt(state) for state in states], self.validation_sampling())
         rewards = self.env.score(states, [samples[0].text for samples in outputs])
-        self._val_rewards.extend(r.score for r in rewards)
+        # The outcome reward whatever the credit: counterfactual credit subtracts the NOOP score, which
+        # validation adds back so that runs of either credit compare on one scale.
+        self._val_rewards.extend(r.score + float(r.info.get("noop_score", 0.0)) for r in rewards)
         self.sample_validation_rewards(states)
 
     def on_validation_epoch_end(self) -> None:
