@@ -15,9 +15,9 @@ _LIGHTNING_WARNINGS = (
     r"The '\w+_dataloader' does not have many workers",  # states live in this process (Milvus-backed)
     r"`Trainer\(limit_val_batches=",
 )
-# INFO loggers that repeat on every run: faiss probing CPU builds, Milvus Lite's background indexer,
-# sentence-transformers announcing the CPU.
-_CHATTY_LOGGERS = ("faiss.loader", "milvus_lite.engine.collection", "sentence_transformers")
+# INFO loggers that repeat on every run: faiss probing CPU builds, Milvus Lite's background indexer and
+# its server's start / stop for every file opened, sentence-transformers announcing the CPU.
+_CHATTY_LOGGERS = ("faiss.loader", "milvus_lite.engine.collection", "milvus_lite.server_manager", "sentence_transformers")
 
 
 class _DropMessages(logging.Filter):

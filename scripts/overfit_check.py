@@ -1,6 +1,6 @@
 """Does the RL core learn? GRPO on 4 fixed training states until their sampled reward at least doubles.
 
-The module, environment and data are train.py's (`memr1.training.build_module`, the RL state data
+The module, environment and data are train.py's (`memr1.factories.build_module`, the RL state data
 module of conf/train.yaml), on the embedded SmolLM2-135M-Instruct: the no-distill Answer Agent with an
 F1 reward, G = 8, LoRA on the top 10 layers, actor LR 2e-3, 3 memories per speaker, 32 new tokens.
 The same 4 states (the data module's probe set) make every step's batch, so a rising reward means the
