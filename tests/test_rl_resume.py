@@ -47,10 +47,3 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path, algo):
     (at_kill_path,) = (tmp_path / "broken" / "checkpoints").glob("*step=2.ckpt")
     at_kill = torch.load(at_kill_path, weights_only=False)["state_dict"]
     assert any(not torch.equal(at_kill[f"policy.{name}"], expected[name]) for name in expected)
-
-
-def test_ddp_on_two_cpu_processes_runs_a_step(tmp_path):
-    result = run(tmp_path / "ddp", "--max-steps", "1", "--devices", "2")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "finished at global step 1" in result.stdout
-    assert (tmp_path / "ddp" / "final.pt").exists()

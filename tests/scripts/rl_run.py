@@ -1,6 +1,7 @@
-"""A short GRPO or PPO run of a tiny model on a real Lightning Trainer, for the resume and DDP tests.
+"""A short GRPO or PPO run of a tiny model on a real Lightning Trainer, for the resume tests (DDP runs
+through train.py in tests/test_ddp.py).
 
-    python rl_run.py RUN_DIR --max-steps 4 [--kill-at-step 2] [--resume] [--devices 2] [--algo ppo]
+    python rl_run.py RUN_DIR --max-steps 4 [--kill-at-step 2] [--resume] [--algo ppo]
 
 It checkpoints every step, can SIGKILL itself at the start of a step (after the previous step's
 checkpoint is on disk), and on a clean finish writes the policy's parameters to RUN_DIR/final.pt.
@@ -64,7 +65,6 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=4)
     parser.add_argument("--kill-at-step", type=int)
     parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--algo", default="grpo", choices=["grpo", "ppo"])
     args = parser.parse_args()
 
@@ -80,8 +80,6 @@ def main() -> None:
         callbacks.append(KillAtStep(args.kill_at_step))
     trainer = Trainer(
         accelerator="cpu",
-        devices=args.devices,
-        strategy="ddp_find_unused_parameters_true" if args.devices > 1 else "auto",
         max_steps=args.max_steps,
         logger=False,
         callbacks=callbacks,
@@ -90,9 +88,8 @@ def main() -> None:
         default_root_dir=str(args.run_dir),
     )
     trainer.fit(module, ckpt_path="last" if args.resume else None)
-    if trainer.is_global_zero:
-        torch.save({name: p.detach().clone() for name, p in module.policy.named_parameters()}, args.run_dir / "final.pt")
-        print(f"finished at global step {trainer.global_step}")
+    torch.save({name: p.detach().clone() for name, p in module.policy.named_parameters()}, args.run_dir / "final.pt")
+    print(f"finished at global step {trainer.global_step}")
 
 
 if __name__ == "__main__":
