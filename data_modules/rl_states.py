@@ -20,7 +20,7 @@ from memr1.banks.build import memory_items
 from memr1.banks.policies import AddAllPolicy, MemoryPolicy
 from memr1.banks.recipe import BankRecipe, bank_recipe, open_or_build_banks
 from memr1.embed import Embedder
-from memr1.factories import answer_config, banks_config, frozen_policy, build_engine, manager_config, memory_policy
+from memr1.factories import ModelCache, answer_config, banks_config, manager_config, memory_policy
 from memr1.memory import MemoryBank
 from memr1.states.datasets import AnswerStates, ManagerStates, collate_states
 from memr1.states.order import StepBatches, batch_indices
@@ -125,10 +125,7 @@ class RLStatesDataModule(LightningDataModule):
         loader, banks = cfg.data_loader, banks_config(cfg)
         recipe = bank_recipe(cfg)
         manager = manager_config(cfg)
-
-        def manager_engine(ckpt: str | None) -> Any:
-            model, tokenizer = frozen_policy(cfg.backbone.name_or_path, cfg.backbone.dtype, ckpt)
-            return build_engine("hf", model=model, tokenizer=tokenizer, batch_size=manager.batch_size)
+        models = ModelCache(cfg.backbone, "hf", manager.batch_size)  # loaded only if a bank needs building
 
         return cls(
             locomo={
@@ -142,7 +139,7 @@ class RLStatesDataModule(LightningDataModule):
             recipe=recipe,
             banks_dir=banks.dir,
             banks_uri=banks.uri,
-            bank_policy=memory_policy(recipe, manager, manager_engine),
+            bank_policy=memory_policy(recipe, manager, models.engine),
             **({"window": cfg.model.window} if cfg.model.agent == "manager" else {}),
             num_candidates=manager.num_candidates,
             k_per_speaker=answer_config(cfg).k_per_speaker,

@@ -26,7 +26,7 @@ from memr1.config import BANK_POLICIES
 from memr1.embed import Embedder
 from memr1.memory import BankLockedError, MemoryBank
 from memr1.timing import StageTimer
-from memr1.types import Conversation, Fact
+from memr1.types import Conversation, Fact, MemoryEntry, MemoryOp
 
 log = logging.getLogger(__name__)
 
@@ -166,5 +166,5 @@ class LazyPolicy:
     def format_errors(self) -> int:
         return getattr(self._policy, "format_errors", 0) if self._policy is not None else 0
 
-    def decide(self, facts: Sequence[Fact], candidates: Sequence[Sequence[Any]]) -> list[Any]:
+    def decide(self, facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]]) -> list[MemoryOp]:
         return self._get().decide(facts, candidates)

@@ -53,8 +53,9 @@ class ExportPolicy(Callback):
         value = trainer.callback_metrics.get(self.monitor)
         improved = value is not None and (self.best is None or self.sign * float(value) > self.sign * self.best)
         # Rank 0 decides, so every rank joins the export's gather or none does.
-        if trainer.strategy.broadcast(improved, src=0):
-            self.best = float(trainer.strategy.broadcast(float(value) if value is not None else 0.0, src=0))
+        improved, best = trainer.strategy.broadcast((improved, float(value) if improved else self.best), src=0)
+        if improved:
+            self.best = best
             self.export(trainer, pl_module, "best")
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

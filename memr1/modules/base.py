@@ -76,6 +76,7 @@ class RLModule(HeldOutRewards, LightningModule):
         self.automatic_optimization = False
         self.skipped_steps = 0  # optimiser steps dropped for a non-finite gradient norm
         self._stage_seconds: dict[str, float] = {}  # of the current step: rollout, update, ...
+        self._sharded = False  # FSDP shards the modules (set once the strategy has wrapped them)
         # A fixed probe set of training states, sampled with a fixed seed every N steps: the step reward
         # compares different questions each step, the probe reward the same ones (`train/probe_reward`).
         self.probe_count, self.probe_every_n_steps = probe_states, probe_every_n_steps
@@ -306,7 +307,7 @@ class RLModule(HeldOutRewards, LightningModule):
         """Clip and step; a gradient whose norm is not finite is dropped and counted instead (verl's
         `_optimizer_step`): one bad batch must not turn the weights into NaN."""
         params = [p for p in module.parameters() if p.requires_grad]
-        norm = clip_grad_norm(params, self.algo.grad_clip, sharded=is_sharded(module))
+        norm = clip_grad_norm(params, self.algo.grad_clip, sharded=self._sharded)
         if torch.isfinite(norm):
             optimizer.step()
         else:
@@ -316,7 +317,8 @@ class RLModule(HeldOutRewards, LightningModule):
 
     # -- the training step ------------------------------------------------------------------------------
     def on_train_start(self) -> None:
-        self._stage_seconds: dict[str, float] = {}
+        self._stage_seconds = {}
+        self._sharded = is_sharded(self)
         data = self.trainer.datamodule if self.trainer is not None else None
         if self.probe_count and self.probe_every_n_steps and hasattr(data, "probe_states"):
             self.probe = data.probe_states(self.probe_count)
