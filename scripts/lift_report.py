@@ -12,8 +12,8 @@ Inputs:
 - `--commands FILE`: optional `label<TAB>command` lines, the command behind each run.
 
 Outputs: `--json` (everything), `--markdown-out` (tables only, to paste into docs/cpu_lift.md) and
-`--figure` (one panel per training run: reward/mean by step on the left axis, val/f1 or val/reward on
-the right). Scores are 0-100 as in report.json; the samples' token F1 is rescaled to 0-100 too.
+`--figure` (one panel per training run: reward/mean and the probe reward by step on the left axis,
+val/f1 or val/reward on the right). Scores are 0-100 as in report.json; the samples' token F1 is rescaled to 0-100 too.
 
     .venv/bin/python scripts/lift_report.py \\
         --eval "Answer Agent, base=runs/cpu_lift/eval-base" \\
@@ -138,7 +138,7 @@ def eval_row(spec: RunSpec, command: str | None) -> tuple[dict, list[dict]]:
     names = category_names(settings["data"])
     categories = sorted(int(key.split("cat")[1]) for key in scores if key.startswith("count/cat"))
     answer_latency = report["latency"]["answer"]
-    answer, manager = settings["answer"], settings["manager"]
+    answer, recipe = settings["answer"], settings["bank_recipe"]
     row = {
         "label": spec.label,
         "dir": str(spec.path),
@@ -157,15 +157,18 @@ def eval_row(spec: RunSpec, command: str | None) -> tuple[dict, list[dict]]:
         "wall_time_s": settings["wall_time_s"],
         "answer_latency_s": {"p50": answer_latency["p50_s"], "p95": answer_latency["p95_s"]},
         "settings": {
-            "ckpt": settings["ckpt"],
+            "ckpt": answer["ckpt"],
             "k_per_speaker": answer["k_per_speaker"],
             "max_new_tokens": answer["max_new_tokens"],
             "distill": answer["distill"],
-            "manager": manager["kind"],
-            "manager_ckpt": manager.get("ckpt"),
+            "banks": recipe["policy"],
+            "manager_ckpt": recipe["writer"].get("ckpt"),
             "memory": settings["memory"],
             "split": settings["split"],
         },
+        # What the banks' writer did: malformed operations, and the memories it left in the banks.
+        "manager_format_errors": settings.get("manager_format_errors", 0),
+        "bank_size": sum(settings["bank_sizes"].values()),
         "length_distribution": length_distribution(predictions),
     }
     if command is not None:
@@ -270,6 +273,8 @@ def train_summary(spec: RunSpec, command: str | None) -> dict:
         "wall_time_source": wall_time_source,
         "seconds_per_step": seconds_per_step,
         "reward_mean_by_step": reward_by_step,
+        # The same fixed training states at every probe: the curve that compares like with like.
+        "probe_reward_by_step": [[int(row["step"]), row["train/probe_reward"]] for row in step_rows if "train/probe_reward" in row],
         "val_by_step": val,
         "primary_val": primary,
         "best_val": {"key": primary, "value": best[1], "step": best[0]} if best else None,
@@ -305,7 +310,7 @@ def table(header: Sequence[str], align: Sequence[str], rows: Sequence[Sequence[s
 
 
 def scores_table(rows: Sequence[dict]) -> str:
-    header = ["Run", "n", *(title for _, title in SCORES), "Format errors %", "Mean words", "Wall time (min)"]
+    header = ["Run", "n", *(title for _, title in SCORES), "Format errors %", "Mean words", "Banks", "Manager format errors", "Memories in the banks", "Wall time (min)"]
     body = [
         [
             cell(row["label"]),
@@ -313,11 +318,14 @@ def scores_table(rows: Sequence[dict]) -> str:
             *(number(row[key]) for key, _ in SCORES),
             number(row["format_error_rate"], 1),
             number(row["mean_answer_words"], 1),
+            row["settings"]["banks"],
+            str(row["manager_format_errors"]),
+            str(row["bank_size"]),
             number(row["wall_time_s"] / 60, 1),
         ]
         for row in rows
     ]
-    return table(header, ["---", "---:", *["---:"] * (len(SCORES) + 3)], body)
+    return table(header, ["---", "---:", *["---:"] * (len(SCORES) + 2), "---", *["---:"] * 3], body)
 
 
 def deltas_table(base: str, trained: str, delta: Mapping[str, float]) -> str:
@@ -409,7 +417,8 @@ def markdown(report: dict) -> str:
 
 
 def plot_training(runs: Sequence[dict], path: Path) -> None:
-    """One panel per run: reward/mean by step (line, left axis), the primary val score (markers, right)."""
+    """One panel per run: reward/mean and train/probe_reward by step (left axis), the primary val score
+    (markers, right)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -423,6 +432,10 @@ def plot_training(runs: Sequence[dict], path: Path) -> None:
         if run["reward_mean_by_step"]:
             steps, rewards = zip(*run["reward_mean_by_step"])
             axis.plot(steps, rewards, color="tab:blue", label="reward/mean")
+        if run["probe_reward_by_step"]:
+            steps, probes = zip(*run["probe_reward_by_step"])
+            axis.plot(steps, probes, color="tab:green", marker="s", label="train/probe_reward")
+            axis.legend(loc="upper left", fontsize="small")
         axis.set_xlabel("step")
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_ylabel("reward/mean", color="tab:blue")

@@ -64,6 +64,25 @@ def test_stage_commands_fill_in_directories_and_route_overrides(tmp_path):
     assert "lora.enabled=true" not in evaluation
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "conf" / "pipeline").glob("*.yaml")))
+def test_every_stage_of_every_schedule_composes_and_passes_the_typed_checks(name, tmp_path):
+    """A misspelt key or a refused value in a late stage's arguments is found now, not hours into
+    the schedule (the checkpoints the stages name do not exist yet: those checks run at the stage)."""
+    from hydra import compose, initialize_config_dir
+
+    from memr1.preflight import EVALUATE_GROUPS, TRAIN_GROUPS, check_typed_groups
+
+    schedule = load_schedule(name, root=str(tmp_path))
+    for stage in schedule.stages:
+        command = stage_command(schedule, stage)
+        overrides = [arg for arg in command[2:] if not arg.startswith(("run_dir=", "hydra."))]
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose(stage.script.removesuffix(".py"), overrides=overrides)
+        check_typed_groups(cfg, TRAIN_GROUPS if stage.script == "train.py" else EVALUATE_GROUPS)
+        if stage.script == "train.py" and cfg.model.get("credit") == "counterfactual":
+            assert cfg.algo.baseline == "none", stage.name
+
+
 def write_report(directory: Path, f1: float, words: float) -> None:
     directory.mkdir(parents=True)
     scores = {"f1": f1, "bleu1": f1 / 2, "em": 0.0, "format_error_rate": 50.0, "mean_answer_words": words, "count": 24}
