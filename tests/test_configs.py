@@ -109,13 +109,14 @@ def test_the_cpu_lift_experiments_compose_as_documented():
     evaluation = compose_config("evaluate", ["experiment=cpu_lift/answer"])
     assert (answer.model.agent, answer.algo.name, answer.algo.group_size) == ("answer", "grpo", 4)
     # PPO samples once per state: 16 states give GRPO's 4 x G=4 responses per step.
-    assert (ppo.algo.name, ppo.data_loader.states_per_step, ppo.model.reward) == ("ppo", 16, "f1")
+    assert (ppo.algo.name, ppo.algo.group_size, ppo.data_loader.states_per_step, ppo.model.reward) == ("ppo", 1, 16, "f1")
     assert (manager.model.agent, manager.answer.distill, manager.data_loader.val_before_train) == ("manager", False, True)
     # A Milvus Lite .db has one owner: the manager run keeps its banks apart from the answer run's.
     assert manager.banks.dir != answer.banks.dir
     # evaluate.py scores exactly the prompts the policy trained on: one `answer` node for both.
     assert answer_config(evaluation) == answer_config(answer)
-    assert answer.lora.top_layers == 10 and all(c.lora.enabled for c in (answer, ppo, manager))
+    # The Answer Agent adapts every layer (top-10-only SFT collapsed); the Manager its top 10.
+    assert (answer.lora.top_layers, manager.lora.top_layers) == (None, 10) and all(c.lora.enabled for c in (answer, ppo, manager))
 
 
 TYPED = {"algo": AlgoConfig, "answer": AnswerConfig, "manager": ManagerConfig, "banks": BanksConfig}
