@@ -129,6 +129,16 @@ def length_distribution(predictions: Sequence[dict]) -> dict[str, dict[str, floa
 # --- evaluation rows ---------------------------------------------------------------------------
 
 
+def bank_writer(settings: Mapping) -> tuple[str, str | None]:
+    """(bank policy, the writing Manager's checkpoint) of a report; reports written before the bank
+    recipe name the writer under `manager`, with `model` for what is now the `manager` policy."""
+    if "bank_recipe" in settings:
+        recipe = settings["bank_recipe"]
+        return recipe["policy"], recipe["writer"].get("ckpt")
+    kind = settings["manager"]["kind"]
+    return ("manager" if kind == "model" else kind), settings["manager"].get("ckpt")
+
+
 def eval_row(spec: RunSpec, command: str | None) -> tuple[dict, list[dict]]:
     """The report row of one evaluation run dir, and its predictions."""
     what = f"--eval {spec.label!r}"
@@ -138,7 +148,8 @@ def eval_row(spec: RunSpec, command: str | None) -> tuple[dict, list[dict]]:
     names = category_names(settings["data"])
     categories = sorted(int(key.split("cat")[1]) for key in scores if key.startswith("count/cat"))
     answer_latency = report["latency"]["answer"]
-    answer, recipe = settings["answer"], settings["bank_recipe"]
+    answer = settings["answer"]
+    banks, manager_ckpt = bank_writer(settings)
     row = {
         "label": spec.label,
         "dir": str(spec.path),
@@ -157,12 +168,12 @@ def eval_row(spec: RunSpec, command: str | None) -> tuple[dict, list[dict]]:
         "wall_time_s": settings["wall_time_s"],
         "answer_latency_s": {"p50": answer_latency["p50_s"], "p95": answer_latency["p95_s"]},
         "settings": {
-            "ckpt": answer["ckpt"],
+            "ckpt": answer.get("ckpt", settings.get("ckpt")),
             "k_per_speaker": answer["k_per_speaker"],
             "max_new_tokens": answer["max_new_tokens"],
             "distill": answer["distill"],
-            "banks": recipe["policy"],
-            "manager_ckpt": recipe["writer"].get("ckpt"),
+            "banks": banks,
+            "manager_ckpt": manager_ckpt,
             "memory": settings["memory"],
             "split": settings["split"],
         },
