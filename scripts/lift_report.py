@@ -13,7 +13,8 @@ Inputs:
 
 Outputs: `--json` (everything), `--markdown-out` (tables only, to paste into docs/cpu_lift.md) and
 `--figure` (one panel per training run: reward/mean and the probe reward by step on the left axis,
-val/f1 or val/reward on the right). Scores are 0-100 as in report.json; the samples' token F1 is rescaled to 0-100 too.
+val/f1 or val/reward on the right). Scores are 0-100 as in report.json; the samples' token F1 is
+rescaled to 0-100 too.
 
     .venv/bin/python scripts/lift_report.py \\
         --eval "Answer Agent, base=runs/cpu_lift/eval-base" \\
