@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.testing import save_tiny_checkpoint
+from memr1.preflight import EVALUATE_GROUPS, TRAIN_GROUPS, check_typed_groups
 from memr1.schedule import DONE, load_schedule, report_table, stage_command
 from tests.processes import ROOT, environment
 
@@ -68,10 +70,6 @@ def test_stage_commands_fill_in_directories_and_route_overrides(tmp_path):
 def test_every_stage_of_every_schedule_composes_and_passes_the_typed_checks(name, tmp_path):
     """A misspelt key or a refused value in a late stage's arguments is found now, not hours into
     the schedule (the checkpoints the stages name do not exist yet: those checks run at the stage)."""
-    from hydra import compose, initialize_config_dir
-
-    from memr1.preflight import EVALUATE_GROUPS, TRAIN_GROUPS, check_typed_groups
-
     schedule = load_schedule(name, root=str(tmp_path))
     for stage in schedule.stages:
         command = stage_command(schedule, stage)
