@@ -235,6 +235,35 @@ def test_eos_ends_the_response_and_is_kept(model, tokenizer):
     assert ended.text == tokenizer.decode(ended.response_ids, skip_special_tokens=True)
 
 
+def test_a_finished_row_leaves_the_batch_and_the_others_decode_as_before(model, tokenizer):
+    greedy = SamplingConfig(max_new_tokens=12, temperature=0)
+    full = [samples[0] for samples in HFEngine(model, tokenizer, batch_size=3).generate(PROMPTS, greedy)]
+    # An EOS that ends the first prompt's response at its 4th token and appears in no other response.
+    others = {token for generation in full[1:] for token in generation.response_ids}
+    first = full[0].response_ids
+    eos = next(token for token in first[3:] if token not in others and token not in first[:3])
+    ends_at = first.index(eos)
+    decode_rows: list[int] = []
+
+    def record(module, args, kwargs) -> None:
+        if kwargs["input_ids"].shape[1] == 1:
+            decode_rows.append(kwargs["input_ids"].shape[0])
+
+    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        engine = HFEngine(model, tokenizer, batch_size=3, eos_token_ids=[eos])
+        ended = [samples[0] for samples in engine.generate(PROMPTS, greedy)]
+    finally:
+        handle.remove()
+    # Token t + 1 is decoded from token t: 3 rows until the first prompt's EOS, 2 after it.
+    assert decode_rows == [3] * ends_at + [2] * (11 - ends_at)
+    assert ended[0].response_ids == first[: ends_at + 1]
+    assert ended[0].finish_reason == "stop"
+    for alone, batched in zip(full[1:], ended[1:], strict=True):
+        assert batched.response_ids == alone.response_ids
+        assert batched.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+
+
 def test_default_eos_is_the_tokenizer_eos(model, tokenizer):
     assert HFEngine(model, tokenizer).eos_token_ids == frozenset({tokenizer.eos_token_id})
 

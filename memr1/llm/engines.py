@@ -22,12 +22,13 @@ Response conventions, shared by both engines:
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import Cache, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase, StaticCache
 
 from memr1.interrupt import raise_if_requested
 from memr1.llm.padding import left_pad, position_ids_from_attention_mask
@@ -35,6 +36,8 @@ from memr1.llm.sampling import SamplingConfig, choose_tokens, cut_at_first_stop
 
 ChatMessages = Sequence[Mapping[str, str]]
 Prompt = str | ChatMessages
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,7 @@ class HFEngine:
             frozenset(eos_token_ids) if eos_token_ids is not None else default_eos_token_ids(tokenizer, model)
         )
         self._cache_keyword = cache_keyword(model)
+        self._warned_dynamic_cache = False
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[list[Generation]]:
         prompt_ids = encode_prompts(self.tokenizer, prompts)
@@ -179,13 +183,13 @@ class HFEngine:
     ) -> list[Generation]:
         device = next(self.model.parameters()).device
         # Each distinct prompt is prefilled once and its KV cache copied to its samples: with n samples
-        # per prompt (GRPO's group) that divides the prefill, most of a CPU rollout, by n.
+        # per prompt (GRPO's group) that divides the prefill by n.
         distinct: dict[tuple[int, ...], int] = {}
         row_to_distinct = [distinct.setdefault(tuple(prompt), len(distinct)) for prompt in prompts]
         input_ids, attention_mask = left_pad([list(prompt) for prompt in distinct], self.tokenizer.pad_token_id)
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         position_ids = position_ids_from_attention_mask(attention_mask)
-        cache = DynamicCache(config=self.model.config)
+        cache = self._new_cache(input_ids.shape[1] + sampling.max_new_tokens)
         logits = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -200,7 +204,9 @@ class HFEngine:
             logits, attention_mask, position_ids = logits[rows], attention_mask[rows], position_ids[rows]
         responses: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
-        finished = [False] * len(prompts)
+        # The batch rows still decoding, as indices into `prompts`: a finished row leaves the batch (its
+        # KV cache rows are dropped), so a short answer stops costing compute the step it ends.
+        active = list(range(len(prompts)))
         for step in range(sampling.max_new_tokens):
             raise_if_requested()  # a stop signal ends a long rollout within one decoding step
             logits = logits.float()
@@ -209,18 +215,22 @@ class HFEngine:
             # them (greedy decoding records the T = 1 policy's).
             tempered = logits / sampling.temperature if sampling.temperature > 0 else logits
             chosen_logprobs = tempered.log_softmax(dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
-            for row, (token, logprob) in enumerate(
-                zip(chosen.tolist(), chosen_logprobs.tolist(), strict=True)
+            keep: list[int] = []
+            for position, (row, token, logprob) in enumerate(
+                zip(active, chosen.tolist(), chosen_logprobs.tolist(), strict=True)
             ):
-                if finished[row]:
-                    continue
                 responses[row].append(token)
                 logprobs[row].append(logprob)
-                finished[row] = token in self.eos_token_ids or self._hit_stop(responses[row], sampling.stop)
-            if all(finished) or step == sampling.max_new_tokens - 1:
+                if not (token in self.eos_token_ids or self._hit_stop(responses[row], sampling.stop)):
+                    keep.append(position)
+            if not keep or step == sampling.max_new_tokens - 1:
                 break
-            # Finished rows keep decoding (their tokens are ignored) so the batch keeps one shape.
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(prompts), 1))], dim=-1)
+            if len(keep) < len(active):
+                kept = torch.tensor(keep, device=device)
+                cache.reorder_cache(kept)
+                chosen, attention_mask, position_ids = chosen[kept], attention_mask[kept], position_ids[kept]
+                active = [active[position] for position in keep]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=-1)
             position_ids = position_ids[:, -1:] + 1
             logits = self.model(
                 input_ids=chosen[:, None],
@@ -233,6 +243,19 @@ class HFEngine:
             self._finish(prompt, response, response_logprobs, sampling.stop)
             for prompt, response, response_logprobs in zip(prompts, responses, logprobs, strict=True)
         ]
+
+    def _new_cache(self, max_length: int) -> Cache:
+        """A KV cache preallocated for `max_length` tokens, written in place: a growing cache copies all
+        of itself at every decoded token (torch.cat per layer), which cost ~20% of a CPU rollout's
+        decoding (benchmarks/rollout_throughput.py). Models whose config a static cache cannot take
+        (or transformers releases without the keyword) decode with the growing one."""
+        try:
+            return StaticCache(config=self.model.config, max_cache_len=max_length)
+        except (TypeError, ValueError) as error:
+            if not self._warned_dynamic_cache:
+                logger.warning("HFEngine: no preallocated KV cache for this model (%s); using a growing one", error)
+                self._warned_dynamic_cache = True
+            return DynamicCache(config=self.model.config)
 
     def _hit_stop(self, response: list[int], stop: tuple[str, ...]) -> bool:
         return (
