@@ -22,6 +22,7 @@ from memr1.banks.recipe import BankRecipe, bank_recipe, open_or_build_banks
 from memr1.embed import Embedder
 from memr1.factories import ModelCache, answer_config, banks_config, manager_config, memory_policy
 from memr1.memory import MemoryBank
+from memr1.progress import progress_bar
 from memr1.states.datasets import AnswerStates, ManagerStates, collate_states
 from memr1.states.order import StepBatches, batch_indices
 
@@ -161,17 +162,22 @@ class RLStatesDataModule(LightningDataModule):
         if self.embedder is None:
             self.embedder = Embedder()
         conversations = [*train, *validation]
-        self.banks = open_or_build_banks(
-            self.recipe,
-            conversations,
-            self.embedder,
-            self._open,
-            policy=self.bank_policy or AddAllPolicy(),
-            items={c.sample_id: memory_items(c, self.recipe.source) for c in conversations},
-            banks_dir=self.banks_dir,
-            uri=self.banks_uri,
-            lock_wait_s=self.lock_wait_s,
-        )
+        # A Manager-written bank takes minutes to build: the same progress bar (or log lines) as evaluate.py.
+        with progress_bar() as bar:
+            task = bar.add_task("building banks", total=None)
+            self.banks = open_or_build_banks(
+                self.recipe,
+                conversations,
+                self.embedder,
+                self._open,
+                policy=self.bank_policy or AddAllPolicy(),
+                items={c.sample_id: memory_items(c, self.recipe.source) for c in conversations},
+                banks_dir=self.banks_dir,
+                uri=self.banks_uri,
+                lock_wait_s=self.lock_wait_s,
+                on_total=lambda total: bar.update(task, total=total),
+                on_advance=lambda n: bar.advance(task, n),
+            )
         if self.agent == "manager":
             self.train_states = ManagerStates(train, self.banks.__getitem__, self.window, self.num_candidates)
             self.val_states = ManagerStates(validation, self.banks.__getitem__, self.window, self.num_candidates)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -289,11 +290,17 @@ def test_a_trainer_stepping_slower_than_declared_stops_with_an_error(tmp_path: P
         fit(tmp_path, embedder, steps_per_batch=2, optimizers=1)
 
 
-def test_data_module_exposes_counts_mapping_and_validation_answer_states(tmp_path: Path, embedder: Embedder) -> None:
+def test_data_module_exposes_counts_mapping_and_validation_answer_states(
+    tmp_path: Path, embedder: Embedder, conversations, caplog: pytest.LogCaptureFixture
+) -> None:
     data = RLStatesDataModule(locomo_args(), "answer", RECIPE, tmp_path, k_per_speaker=2, batch_size=2,
                               val_batch_size=2, seed=3, max_steps=4, embedder=embedder)
     data.prepare_data()
-    data.setup("fit")
+    with caplog.at_level(logging.INFO, logger="memr1.progress"):
+        data.setup("fit")
+    # The bank build reports its progress (a bar on a terminal, log lines elsewhere), as evaluate.py's does.
+    items = sum(len(memory_items(c, "observation")) for c in conversations)
+    assert f"building banks: {items}/{items}" in caplog.text
     try:
         assert data.num_states == 4  # the questions of mini-1
         assert data.step_range() == range(0, 4)  # no trainer: max_steps

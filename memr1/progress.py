@@ -1,0 +1,39 @@
+"""Progress bars for long work that also reads well in a log file."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+log = logging.getLogger(__name__)
+
+
+class LoggedProgress(Progress):
+    """A rich progress bar that, when the output is not a terminal (redirected to a file, CI), logs a
+    line per advance at most every `every_s` seconds instead: a bar there would print only at the end."""
+
+    every_s = 30.0
+
+    def advance(self, task_id: TaskID, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        if self.console.is_terminal:
+            return
+        task = self._tasks[task_id]
+        now = time.monotonic()
+        if task.finished or now - getattr(task, "_last_logged", 0.0) >= self.every_s:
+            task._last_logged = now  # type: ignore[attr-defined]
+            log.info("%s: %d/%s (%.0f s)", task.description, task.completed, int(task.total or 0), task.elapsed or 0.0)
+
+
+def progress_bar() -> Progress:
+    bar = LoggedProgress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    bar.disable = not bar.console.is_terminal  # its log lines stand in for it; no bar dumped at the end
+    return bar
