@@ -128,6 +128,9 @@ def run_memr1(args: argparse.Namespace, dumped: dict[str, Any]) -> dict[str, Any
             steps.append({
                 "seconds": time.perf_counter() - self.started, "cpu_seconds": cpu_seconds() - self.cpu,
                 "reward": pl_module.step_metrics["reward/mean"],
+                # where memr1's step went: rollout, reward, update (the reference's scoring included)
+                **{key.removeprefix("time/"): value for key, value in pl_module.step_metrics.items()
+                   if key.startswith("time/") and key.endswith("_s")},
             })
 
     trainer = Trainer(

@@ -246,9 +246,8 @@ class HFEngine:
 
     def _new_cache(self, max_length: int) -> Cache:
         """A KV cache preallocated for `max_length` tokens, written in place: a growing cache copies all
-        of itself at every decoded token (torch.cat per layer), which cost ~20% of a CPU rollout's
-        decoding (benchmarks/rollout_throughput.py). Models whose config a static cache cannot take
-        (or transformers releases without the keyword) decode with the growing one."""
+        of itself at every decoded token (torch.cat per layer). Models whose config a static cache
+        cannot take (or transformers releases without these keywords) decode with the growing one."""
         try:
             return StaticCache(config=self.model.config, max_cache_len=max_length)
         except (TypeError, ValueError) as error:
