@@ -37,7 +37,7 @@ from memr1.llm.sampling import SamplingConfig, choose_tokens, cut_at_first_stop
 ChatMessages = Sequence[Mapping[str, str]]
 Prompt = str | ChatMessages
 
-logger = logging.getLogger(__name__)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -252,7 +252,7 @@ class HFEngine:
             return StaticCache(config=self.model.config, max_cache_len=max_length)
         except (TypeError, ValueError) as error:
             if not self._warned_dynamic_cache:
-                logger.warning("HFEngine: no preallocated KV cache for this model (%s); using a growing one", error)
+                log.warning("HFEngine: no preallocated KV cache for this model (%s); using a growing one", error)
                 self._warned_dynamic_cache = True
             return DynamicCache(config=self.model.config)
 
