@@ -13,7 +13,9 @@ any interruption finishes the schedule without redoing finished work.
 
 Stages marked `report: <label>` (evaluations) form the closing table: one row per label, F1 / BLEU-1 /
 EM / format errors / mean words from the stage's `report.json`, each row's F1 set against the first
-row's (the baseline), with a plain sentence saying whether the trained rows beat it.
+row's (the baseline), with a plain sentence saying whether the trained rows beat it. A stage's
+`versus: <label>` names the row its agent was trained from (SFT+GRPO's SFT), and a sentence says
+whether the training beat that too.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Stage:
     script: str
     args: tuple[str, ...]
     report: str | None = None
+    versus: str | None = None  # an earlier row's label: the row it was trained from, set against it too
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,10 @@ def load_schedule(name_or_path: str, root: str | None = None, overrides: Sequenc
         if any(stage["name"] == earlier.name for earlier in stages):
             raise ValueError(f"{where}: the stage name {stage['name']!r} is used twice")
         args = tuple(str(arg) for arg in [*common[stage["script"]], *stage.get("args", [])])
-        stages.append(Stage(stage["name"], stage["script"], args, stage.get("report")))
+        versus = stage.get("versus")
+        if versus is not None and versus not in [earlier.report for earlier in stages if earlier.report]:
+            raise ValueError(f"{where}: versus: {versus!r} is not the report label of an earlier stage")
+        stages.append(Stage(stage["name"], stage["script"], args, stage.get("report"), versus))
     return Schedule(path.stem, Path(root or spec.get("root") or f"runs/pipeline/{path.stem}"), tuple(stages))
 
 
@@ -180,4 +186,10 @@ def report_table(schedule: Schedule) -> str:
         delta = float(report["scores"]["f1"]) - base_f1
         verdict = "beats" if delta > 0 else "does NOT beat"
         lines.append(f"{label} {verdict} {rows[0][0]}: F1 {delta:+.2f}.")
+    f1_by_label = {label: float(report["scores"]["f1"]) for label, report in rows}
+    for stage in schedule.stages:
+        if stage.versus in f1_by_label and stage.report in f1_by_label:
+            delta = f1_by_label[stage.report] - f1_by_label[stage.versus]
+            verdict = "beats" if delta > 0 else "does NOT beat"
+            lines.append(f"{stage.report} {verdict} {stage.versus}, the agent it was trained from: F1 {delta:+.2f}.")
     return "\n".join(lines)

@@ -99,6 +99,19 @@ def test_the_closing_table_sets_each_row_against_the_base(tmp_path):
     assert "24 validation questions" in table
     assert "SFT beats base: F1 +11.75." in lines
     assert "SFT+GRPO does NOT beat base: F1 -1.50." in lines
+    # GRPO started from SFT: the table says whether it beat its own warm start too (7.00 - 20.25).
+    assert lines[-1] == "SFT+GRPO does NOT beat SFT, the agent it was trained from: F1 -13.25."
+
+
+def test_versus_must_name_an_earlier_report(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(
+        "stages:\n"
+        "  - {name: a, script: evaluate.py, report: base, versus: SFT}\n"
+        "  - {name: b, script: evaluate.py, report: SFT}\n"
+    )
+    with pytest.raises(ValueError, match=r"bad.yaml: stages\[0\]: versus: 'SFT' is not the report label of an earlier stage"):
+        load_schedule(str(spec))
 
 
 @pytest.fixture(scope="module")
