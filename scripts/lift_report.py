@@ -131,13 +131,9 @@ def length_distribution(predictions: Sequence[dict]) -> dict[str, dict[str, floa
 
 
 def bank_writer(settings: Mapping) -> tuple[str, str | None]:
-    """(bank policy, the writing Manager's checkpoint) of a report; reports written before the bank
-    recipe name the writer under `manager`, with `model` for what is now the `manager` policy."""
-    if "bank_recipe" in settings:
-        recipe = settings["bank_recipe"]
-        return recipe["policy"], recipe["writer"].get("ckpt")
-    kind = settings["manager"]["kind"]
-    return ("manager" if kind == "model" else kind), settings["manager"].get("ckpt")
+    """(bank policy, the writing Manager's checkpoint; None for ADD-all or the prompted Manager)."""
+    recipe = settings["bank_recipe"]
+    return recipe["policy"], recipe["writer"].get("manager", {}).get("ckpt")
 
 
 def eval_row(spec: RunSpec, command: str | None) -> tuple[dict, list[dict]]:
@@ -169,7 +165,7 @@ def eval_row(spec: RunSpec, command: str | None) -> tuple[dict, list[dict]]:
         "wall_time_s": settings["wall_time_s"],
         "answer_latency_s": {"p50": answer_latency["p50_s"], "p95": answer_latency["p95_s"]},
         "settings": {
-            "ckpt": answer.get("ckpt", settings.get("ckpt")),
+            "ckpt": answer["ckpt"],
             "k_per_speaker": answer["k_per_speaker"],
             "max_new_tokens": answer["max_new_tokens"],
             "distill": answer["distill"],
