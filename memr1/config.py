@@ -47,6 +47,7 @@ class AlgoConfig:
     micro_batch_size: int = 2        # sequences per forward/backward (gradient accumulation)
     grad_clip: float = 1.0
     share_prompt: bool = True        # a GRPO group's prompt forwarded once, its KV cache shared
+    reuse_frozen_trunk: bool = True  # the layers below the adapters run once per token (memr1.llm.trunk)
 
     def __post_init__(self) -> None:
         if self.name not in ALGORITHMS:

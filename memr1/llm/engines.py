@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import torch
@@ -33,6 +33,7 @@ from transformers import Cache, DynamicCache, PreTrainedModel, PreTrainedTokeniz
 from memr1.interrupt import raise_if_requested
 from memr1.llm.padding import left_pad, position_ids_from_attention_mask
 from memr1.llm.sampling import SamplingConfig, choose_tokens, cut_at_first_stop
+from memr1.llm.trunk import record_trunk
 
 ChatMessages = Sequence[Mapping[str, str]]
 Prompt = str | ChatMessages
@@ -49,6 +50,9 @@ class Generation:
     response_ids: list[int]
     logprobs: list[float]  # log softmax(logits / T) of response_ids (T = 1 when greedy), same length
     finish_reason: Literal["stop", "length"]
+    # The frozen trunk's states (prompt + response - 1, H) when asked for (`HFEngine.generate`'s
+    # trunk_depth): the update runs only the layers above them (`memr1.llm.trunk`).
+    trunk_hidden: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
 
 class GenerationEngine(Protocol):
@@ -151,7 +155,11 @@ class HFEngine:
         self._cache_keyword = cache_keyword(model)
         self._warned_dynamic_cache = False
 
-    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[list[Generation]]:
+    def generate(
+        self, prompts: Sequence[Prompt], sampling: SamplingConfig, trunk_depth: int = 0
+    ) -> list[list[Generation]]:
+        """`trunk_depth`: also record the output of decoder layer `trunk_depth - 1` at every token
+        the model reads (each prompt token, each response token but the last) as `trunk_hidden`."""
         prompt_ids = encode_prompts(self.tokenizer, prompts)
         # One request per (prompt, sample); sorting by length keeps the padding in each batch small.
         requests = sorted(
@@ -170,7 +178,7 @@ class HFEngine:
                 for start in range(0, len(requests), self.batch_size):
                     batch = requests[start : start + self.batch_size]
                     generations = self._generate_batch(
-                        [prompt_ids[index] for index, _ in batch], sampling, generator
+                        [prompt_ids[index] for index, _ in batch], sampling, generator, trunk_depth
                     )
                     for (index, sample), generation in zip(batch, generations, strict=True):
                         results[index][sample] = generation
@@ -179,8 +187,26 @@ class HFEngine:
         return results  # type: ignore[return-value]  # every slot was filled above
 
     def _generate_batch(
-        self, prompts: list[list[int]], sampling: SamplingConfig, generator: torch.Generator | None
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        trunk_depth: int = 0,
     ) -> list[Generation]:
+        if not trunk_depth:
+            return self._decode(prompts, sampling, generator, None)
+        with record_trunk(self.model, trunk_depth) as recorded:
+            return self._decode(prompts, sampling, generator, recorded)
+
+    def _decode(
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        recorded: list[torch.Tensor] | None,
+    ) -> list[Generation]:
+        """Decode one batch; `recorded` (filled by `record_trunk` at each forward) becomes each
+        row's `trunk_hidden`."""
         device = next(self.model.parameters()).device
         # Each distinct prompt is prefilled once and its KV cache copied to its samples: with n samples
         # per prompt (GRPO's group) that divides the prefill by n.
@@ -198,6 +224,13 @@ class HFEngine:
             logits_to_keep=1,  # the prompt's other logits would cost bs x L x vocab floats for nothing
             **{self._cache_keyword: cache},
         ).logits[:, -1, :]
+        # Per row, its trunk states in reading order: its prompt's (the real, unpadded columns), then
+        # one per response token fed back.
+        trunk: list[list[torch.Tensor]] | None = None
+        if recorded is not None:
+            prefilled = recorded.pop()
+            distinct_states = [prefilled[i, prefilled.shape[1] - len(p) :] for i, p in enumerate(distinct)]
+            trunk = [[distinct_states[index]] for index in row_to_distinct]
         if len(distinct) < len(prompts):
             rows = torch.tensor(row_to_distinct, device=device)
             cache.reorder_cache(rows)
@@ -239,9 +272,15 @@ class HFEngine:
                 use_cache=True,
                 **{self._cache_keyword: cache},
             ).logits[:, -1, :]
+            if trunk is not None:
+                fed = recorded.pop()
+                for position, row in enumerate(active):
+                    trunk[row].append(fed[position])
         return [
-            self._finish(prompt, response, response_logprobs, sampling.stop)
-            for prompt, response, response_logprobs in zip(prompts, responses, logprobs, strict=True)
+            self._finish(
+                prompt, response, response_logprobs, sampling.stop, None if trunk is None else torch.cat(trunk[row])
+            )
+            for row, (prompt, response, response_logprobs) in enumerate(zip(prompts, responses, logprobs, strict=True))
         ]
 
     def _new_cache(self, max_length: int) -> Cache:
@@ -263,7 +302,12 @@ class HFEngine:
         )
 
     def _finish(
-        self, prompt: list[int], response: list[int], logprobs: list[float], stop: tuple[str, ...]
+        self,
+        prompt: list[int],
+        response: list[int],
+        logprobs: list[float],
+        stop: tuple[str, ...],
+        trunk_hidden: torch.Tensor | None = None,
     ) -> Generation:
         text, hit_stop = cut_at_first_stop(self.tokenizer.decode(response, skip_special_tokens=True), stop)
         ended = hit_stop or (bool(response) and response[-1] in self.eos_token_ids)
@@ -273,6 +317,7 @@ class HFEngine:
             response_ids=response,
             logprobs=logprobs,
             finish_reason="stop" if ended else "length",
+            trunk_hidden=trunk_hidden,
         )
 
 

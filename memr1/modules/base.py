@@ -33,9 +33,10 @@ from memr1.interrupt import raise_if_requested
 from memr1.llm.engines import GenerationEngine, HFEngine
 from memr1.llm.sampling import SamplingConfig
 from memr1.llm.sharding import clip_grad_norm, is_sharded
+from memr1.llm.trunk import frozen_trunk_depth
 from memr1.modules.held_out import HeldOutRewards
 from memr1.rl import core
-from memr1.rl.batch import RolloutBatch, pack_rollouts, response_logprobs, response_values
+from memr1.rl.batch import RolloutBatch, pack_rollouts, response_logprobs, response_values, trunk_hidden_states
 
 class RLModule(HeldOutRewards, LightningModule):
     """Trains `policy` on `env` with PPO (a `critic` is required) or GRPO (no critic).
@@ -77,6 +78,7 @@ class RLModule(HeldOutRewards, LightningModule):
         self.skipped_steps = 0  # optimiser steps dropped for a non-finite gradient norm
         self._stage_seconds: dict[str, float] = {}  # of the current step: rollout, update, ...
         self._sharded = False  # FSDP shards the modules (set once the strategy has wrapped them)
+        self._trunk_depth = 0  # frozen bottom layers whose states are computed once a step (on_train_start)
         # A fixed probe set of training states, sampled with a fixed seed every N steps: the step reward
         # compares different questions each step, the probe reward the same ones (`train/probe_reward`).
         self.probe_count, self.probe_every_n_steps = probe_states, probe_every_n_steps
@@ -142,8 +144,10 @@ class RLModule(HeldOutRewards, LightningModule):
         was_training = self.policy.training
         self.policy.eval()
         started = time.perf_counter()
+        # The HF engine records the frozen trunk's states as it decodes; vLLM's are computed in _score_batch.
+        record = {"trunk_depth": self._trunk_depth} if self._trunk_depth and self._policy_samples_itself else {}
         with torch.no_grad():
-            outputs = self.engine.generate([self.env.prompt(state) for state in states], sampling)
+            outputs = self.engine.generate([self.env.prompt(state) for state in states], sampling, **record)
         self.policy.train(was_training)
         self._stage_seconds["rollout"] = time.perf_counter() - started
         rows = [(state, sample) for state, samples in zip(states, outputs) for sample in samples]
@@ -158,6 +162,7 @@ class RLModule(HeldOutRewards, LightningModule):
             # The policy sampled for itself: its rollout log-probs are pi_old's (the HF engine's equal a
             # forward pass within 1e-4), so the recomputing forward is skipped. vLLM's are recomputed.
             logprobs=[sample.logprobs for _, sample in rows] if self._policy_samples_itself else None,
+            trunk_hidden=[sample.trunk_hidden for _, sample in rows] if record else None,
         )
         return batch.to(self.device), rewards
 
@@ -186,6 +191,8 @@ class RLModule(HeldOutRewards, LightningModule):
             temperature=self.algo.temperature,
             share_prompt=self._sharing,
             entropy_grad=self.algo.entropy_coef != 0,
+            # The trunk's states are the policy's (and its adapters-disabled self's), not a separate reference's.
+            trunk_depth=self._trunk_depth if model is self.policy else 0,
         )
 
     def _micro_checked(self, batch: RolloutBatch) -> Iterator[RolloutBatch]:
@@ -200,6 +207,10 @@ class RLModule(HeldOutRewards, LightningModule):
         """Fill old log-probs (unless the rollout gave them), reference log-probs (when the KL is on)
         and critic values."""
         self.policy.eval()
+        if self._trunk_depth and batch.trunk_hidden is None:
+            batch.trunk_hidden = torch.cat(
+                [trunk_hidden_states(self.policy, mb, self._trunk_depth, self._sharing) for mb in self._micro_checked(batch)]
+            )
         if batch.old_logprobs is None:
             batch.old_logprobs = torch.cat([self._logprobs(self.policy, mb)[0] for mb in self._micro_checked(batch)])
         if self.algo.name == "grpo" and self.algo.kl_coef > 0:
@@ -319,6 +330,8 @@ class RLModule(HeldOutRewards, LightningModule):
     def on_train_start(self) -> None:
         self._stage_seconds = {}
         self._sharded = is_sharded(self)
+        # FSDP runs a wrapped model only through its root forward: a sharded policy runs whole.
+        self._trunk_depth = frozen_trunk_depth(self.policy) if self.algo.reuse_frozen_trunk and not self._sharded else 0
         data = self.trainer.datamodule if self.trainer is not None else None
         if self.probe_count and self.probe_every_n_steps and hasattr(data, "probe_states"):
             self.probe = data.probe_states(self.probe_count)

@@ -6,6 +6,10 @@ Layout (verl's): prompts left-padded to P columns, responses right-padded to R c
     response_mask =              [  1  1  1  0 ]      (bs, R)
 
 and the logits that predict response token t sit at column P - 1 + t.
+
+With a frozen trunk (`memr1.llm.trunk`), `trunk_hidden` `(bs, P + R - 1, H)` holds the trunk's output at
+every input column but the last (the last response token predicts nothing scored), and the forwards
+below run only the head from it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from transformers import DynamicCache
 
 from memr1.llm.engines import cache_keyword
 from memr1.llm.padding import left_pad, position_ids_from_attention_mask
+from memr1.llm.trunk import decoder_parts, head_logits, trunk_states
 from memr1.rl.core import entropy_from_logits, logprobs_from_logits
 
 log = logging.getLogger(__name__)
@@ -29,9 +34,9 @@ log = logging.getLogger(__name__)
 class RolloutBatch:
     """Tensors of one rollout batch; every field's first dimension is the batch.
 
-    input_ids, attention_mask: (bs, P + R); responses, response_mask: (bs, R);
-    the rest (bs, R) float32 per-token quantities or (bs,) per-sequence ones, filled in as the
-    algorithm computes them.
+    input_ids, attention_mask: (bs, P + R); responses, response_mask: (bs, R); trunk_hidden:
+    (bs, P + R - 1, H) the frozen trunk's states; the rest (bs, R) float32 per-token quantities or (bs,)
+    per-sequence ones, filled in as the algorithm computes them.
     """
 
     input_ids: torch.Tensor
@@ -44,6 +49,7 @@ class RolloutBatch:
     old_values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    trunk_hidden: torch.Tensor | None = None
 
     @property
     def prompt_length(self) -> int:
@@ -81,10 +87,13 @@ def pack_rollouts(
     scores: Sequence[float],
     pad_id: int,
     logprobs: Sequence[Sequence[float]] | None = None,
+    trunk_hidden: Sequence[torch.Tensor] | None = None,
 ) -> RolloutBatch:
     """Left-pad the prompts, right-pad the responses and join them (see the module docstring).
 
     `logprobs`, the sampler's log-probs of each response token, become `old_logprobs` when given.
+    `trunk_hidden`, the rollout's trunk states of each row `(prompt + response - 1, H)`, are laid out as
+    the tokens are (zeros in padding columns, which every forward masks).
     A response of length 0 (the model stopped at once) keeps one masked column so shapes stay valid.
     """
     if not (len(prompt_ids) == len(response_ids) == len(scores)):
@@ -103,7 +112,18 @@ def pack_rollouts(
         old_logprobs = torch.zeros((len(response_ids), width), dtype=torch.float32)
         for row, values in enumerate(logprobs):
             old_logprobs[row, : len(values)] = torch.as_tensor(list(values), dtype=torch.float32)
+    hidden = None
+    if trunk_hidden is not None:
+        prompt_width = prompts.shape[1]
+        first = trunk_hidden[0]
+        hidden = first.new_zeros((len(response_ids), prompt_width + width - 1, first.shape[-1]))
+        for row, (states, prompt, response) in enumerate(zip(trunk_hidden, prompt_ids, response_ids, strict=True)):
+            if len(states) != len(prompt) + max(len(response), 1) - 1:
+                raise ValueError(f"pack_rollouts: row {row} has {len(states)} trunk states for "
+                                 f"{len(prompt)} prompt and {len(response)} response tokens")
+            hidden[row, prompt_width - len(prompt) : prompt_width + len(states) - len(prompt)] = states
     return RolloutBatch(
+        trunk_hidden=hidden,
         old_logprobs=old_logprobs,
         input_ids=torch.cat([prompts, responses], dim=1),
         attention_mask=torch.cat([prompt_mask, response_mask], dim=1),
@@ -120,6 +140,7 @@ def response_logprobs(
     temperature: float = 1.0,
     share_prompt: bool = False,
     entropy_grad: bool = True,
+    trunk_depth: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π_T(response token) `(bs, R)` fp32 under softmax(logits / `temperature`), the distribution
     the rollout sampled from (verl's `dp_actor`, TRL), and its per-token entropy `(bs, R)` when asked
@@ -127,8 +148,13 @@ def response_logprobs(
 
     Position ids count real tokens only, as in generation, so a padded row scores as it would alone.
     `share_prompt`: rows with the same prompt (a GRPO group) run it once (`shared_prompt_logits`).
+    `trunk_depth`: with `batch.trunk_hidden`, only the layers above the frozen trunk run (`head_response_logits`).
     """
-    logits = shared_prompt_logits(model, batch) if share_prompt else None
+    logits = None
+    if trunk_depth and batch.trunk_hidden is not None:
+        logits = head_response_logits(model, batch, trunk_depth, share_prompt)
+    elif share_prompt:
+        logits = shared_prompt_logits(model, batch)
     if logits is None:
         logits = full_logits(model, batch)
     if temperature > 0 and temperature != 1.0:
@@ -158,6 +184,19 @@ def full_logits(model: nn.Module, batch: RolloutBatch) -> torch.Tensor:
 _warned_no_sharing: set[str] = set()
 
 
+def prompt_groups(batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rows sharing a prompt: `(first, rows)`, the first row `(n,)` of each of the n distinct prompts
+    and each row's prompt `(bs,)` in 0..n-1; None when every row's prompt is its own."""
+    prompt_length = batch.prompt_length
+    prompt_key = torch.cat([batch.input_ids[:, :prompt_length], batch.attention_mask[:, :prompt_length]], dim=1)
+    distinct, rows = torch.unique(prompt_key, dim=0, return_inverse=True)
+    if len(distinct) == len(batch):
+        return None
+    order = torch.arange(len(batch), device=rows.device)
+    first = torch.full((len(distinct),), len(batch), dtype=torch.long, device=rows.device)
+    return first.scatter_reduce(0, rows, order, reduce="amin"), rows
+
+
 def shared_prompt_logits(model: nn.Module, batch: RolloutBatch) -> torch.Tensor | None:
     """`full_logits`, with each distinct prompt forwarded once: its KV cache (with its graph, so
     adapters below and above get their gradients) is copied to the rows that share it, and only the
@@ -167,16 +206,16 @@ def shared_prompt_logits(model: nn.Module, batch: RolloutBatch) -> torch.Tensor 
     None when no two rows share a prompt (nothing to gain) or the model cannot take a KV cache this
     way (said once per model class); the caller then runs `full_logits`.
     """
-    prompt_length, response_length = batch.prompt_length, batch.responses.shape[1]
-    prompt_key = torch.cat([batch.input_ids[:, :prompt_length], batch.attention_mask[:, :prompt_length]], dim=1)
-    distinct, rows = torch.unique(prompt_key, dim=0, return_inverse=True)
-    if len(distinct) == len(batch):
+    groups = prompt_groups(batch)
+    if groups is None:
         return None
-    prompt_ids, prompt_mask = distinct[:, :prompt_length], distinct[:, prompt_length:]
+    first, rows = groups
+    prompt_length, response_length = batch.prompt_length, batch.responses.shape[1]
+    prompt_ids, prompt_mask = batch.input_ids[first, :prompt_length], batch.attention_mask[first, :prompt_length]
     try:
         cache = DynamicCache(config=model.config)
         keyword = cache_keyword(model)
-        first = model(
+        first_logits = model(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
             position_ids=position_ids_from_attention_mask(prompt_mask),
@@ -185,7 +224,7 @@ def shared_prompt_logits(model: nn.Module, batch: RolloutBatch) -> torch.Tensor 
             **{keyword: cache},
         ).logits[rows]  # (bs, 1, V): predicts response token 0
         if response_length == 1:
-            return first
+            return first_logits
         cache.reorder_cache(rows)
         # Response tokens 0..R-2 predict tokens 1..R-1; the last token predicts nothing we score.
         mask = batch.attention_mask[:, : prompt_length + response_length - 1]
@@ -202,7 +241,76 @@ def shared_prompt_logits(model: nn.Module, batch: RolloutBatch) -> torch.Tensor 
             _warned_no_sharing.add(name)
             log.warning("%s cannot share prompt KV caches (%s): using one forward per row", name, error)
         return None
-    return torch.cat([first, rest], dim=1)
+    return torch.cat([first_logits, rest], dim=1)
+
+
+def trunk_hidden_states(model: nn.Module, batch: RolloutBatch, depth: int, share_prompt: bool = False) -> torch.Tensor:
+    """The frozen trunk's states `(bs, P + R - 1, H)` of `batch` (no graph), for when the rollout did not
+    record them; with `share_prompt`, each distinct prompt runs once, as in `shared_prompt_logits`."""
+    prompt_length, response_length = batch.prompt_length, batch.responses.shape[1]
+    mask = batch.attention_mask[:, : prompt_length + response_length - 1]
+    positions = position_ids_from_attention_mask(mask)
+    keyword = cache_keyword(model)
+    groups = prompt_groups(batch) if share_prompt else None
+    with torch.no_grad():
+        if groups is None:
+            return trunk_states(
+                model,
+                depth,
+                lambda: model(input_ids=batch.input_ids[:, : mask.shape[1]], attention_mask=mask, position_ids=positions, use_cache=False),
+            )
+        first, rows = groups
+        cache = DynamicCache(config=model.config)
+        prompt = trunk_states(
+            model,
+            depth,
+            lambda: model(
+                input_ids=batch.input_ids[first, :prompt_length],
+                attention_mask=mask[first, :prompt_length],
+                position_ids=positions[first, :prompt_length],
+                use_cache=True,
+                **{keyword: cache},
+            ),
+        )[rows]
+        if response_length == 1:
+            return prompt
+        cache.reorder_cache(rows)
+        rest = trunk_states(
+            model,
+            depth,
+            lambda: model(
+                input_ids=batch.responses[:, :-1],
+                attention_mask=mask,
+                position_ids=positions[:, prompt_length:],
+                use_cache=True,
+                **{keyword: cache},
+            ),
+        )
+    return torch.cat([prompt, rest], dim=1)
+
+
+def head_response_logits(model: nn.Module, batch: RolloutBatch, depth: int, share_prompt: bool = False) -> torch.Tensor:
+    """`full_logits` from `batch.trunk_hidden`: only the layers above the trunk run (with their graph);
+    with `share_prompt`, each distinct prompt runs once and its head KV cache is copied to its rows."""
+    parts = decoder_parts(model)
+    if parts is None:
+        raise ValueError(f"head_response_logits: {type(model).__name__} has no decoder layout memr1 knows")
+    prompt_length, response_length = batch.prompt_length, batch.responses.shape[1]
+    hidden = batch.trunk_hidden
+    mask = batch.attention_mask[:, : prompt_length + response_length - 1]
+    positions = position_ids_from_attention_mask(mask)
+    groups = prompt_groups(batch) if share_prompt else None
+    if groups is None:
+        return head_logits(parts, depth, hidden, mask, positions, logits_to_keep=response_length)
+    first, rows = groups
+    cache = DynamicCache(config=parts.config)
+    prompt = (hidden[first, :prompt_length], mask[first, :prompt_length], positions[first, :prompt_length])
+    first_logits = head_logits(parts, depth, *prompt, cache=cache, logits_to_keep=1)[rows]
+    if response_length == 1:
+        return first_logits
+    cache.reorder_cache(rows)
+    rest = head_logits(parts, depth, hidden[:, prompt_length:], mask, positions[:, prompt_length:], cache=cache)
+    return torch.cat([first_logits, rest], dim=1)
 
 
 def response_values(critic: nn.Module, batch: RolloutBatch) -> torch.Tensor:
