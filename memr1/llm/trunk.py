@@ -111,19 +111,20 @@ def trunk_states(model: nn.Module, depth: int, forward: Callable[[], Any]) -> to
     return outputs[0]
 
 
-def head_logits(
+def head_hidden(
     parts: DecoderParts,
     depth: int,
     hidden: torch.Tensor,
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     cache: Cache | None = None,
-    logits_to_keep: int = 0,
+    keep_last: int = 0,
 ) -> torch.Tensor:
-    """Logits `(bs, K, V)` from trunk states `hidden` `(bs, L, H)`: layers[depth:], norm, LM head.
+    """The final normed states `(bs, K, H)` from trunk states `hidden` `(bs, L, H)`: layers[depth:],
+    then the norm; `parts.lm_head` of them are the logits.
 
     attention_mask: `(bs, past + L)` 1 on real tokens, `past` being what `cache` already holds;
-    position_ids: `(bs, L)`; logits_to_keep: the last K positions' logits (0: all L).
+    position_ids: `(bs, L)`; keep_last: only the last K positions (0: all L).
     """
     mask = create_causal_mask(
         config=parts.config,
@@ -144,6 +145,6 @@ def head_logits(
             **{parts.cache_keyword: cache},
         )
         hidden = hidden[0] if isinstance(hidden, tuple) else hidden
-    if logits_to_keep:
-        hidden = hidden[:, -logits_to_keep:]
-    return parts.lm_head(parts.norm(hidden))
+    if keep_last:
+        hidden = hidden[:, -keep_last:]
+    return parts.norm(hidden)

@@ -24,7 +24,7 @@ from transformers import DynamicCache
 
 from memr1.llm.engines import cache_keyword
 from memr1.llm.padding import left_pad, position_ids_from_attention_mask
-from memr1.llm.trunk import decoder_parts, head_logits, trunk_states
+from memr1.llm.trunk import decoder_parts, head_hidden, trunk_states
 from memr1.rl.core import entropy_from_logits, logprobs_from_logits
 
 log = logging.getLogger(__name__)
@@ -150,16 +150,30 @@ def response_logprobs(
     `share_prompt`: rows with the same prompt (a GRPO group) run it once (`shared_prompt_logits`).
     `trunk_depth`: with `batch.trunk_hidden`, only the layers above the frozen trunk run (`head_response_logits`).
     """
-    logits = None
     if trunk_depth and batch.trunk_hidden is not None:
-        logits = head_response_logits(model, batch, trunk_depth, share_prompt)
-    elif share_prompt:
-        logits = shared_prompt_logits(model, batch)
+        # Only the real response tokens reach the LM head: padding is ~40% of the columns when lengths vary.
+        real = batch.response_mask.bool()
+        logits = head_response_logits(model, batch, trunk_depth, share_prompt, real)  # (1, N, V)
+        logprobs, entropy = _scored(logits, batch.responses[real][None], with_entropy, temperature, entropy_grad)
+        return _unpack(logprobs, real), None if entropy is None else _unpack(entropy, real)
+    logits = shared_prompt_logits(model, batch) if share_prompt else None
     if logits is None:
         logits = full_logits(model, batch)
+    return _scored(logits, batch.responses, with_entropy, temperature, entropy_grad)
+
+
+def _unpack(packed: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Packed values `(1, N)` back to the `(bs, R)` layout of `mask` (N true entries), 0 elsewhere."""
+    return packed.new_zeros(mask.shape).masked_scatter(mask, packed[0])
+
+
+def _scored(
+    logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool, temperature: float, entropy_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of `labels` `(bs, L)` and the entropy under softmax(`logits` `(bs, L, V)` / T)."""
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    logprobs = logprobs_from_logits(logits, batch.responses)
+    logprobs = logprobs_from_logits(logits, labels)
     entropy = None
     if with_entropy:
         entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
@@ -289,9 +303,12 @@ def trunk_hidden_states(model: nn.Module, batch: RolloutBatch, depth: int, share
     return torch.cat([prompt, rest], dim=1)
 
 
-def head_response_logits(model: nn.Module, batch: RolloutBatch, depth: int, share_prompt: bool = False) -> torch.Tensor:
-    """`full_logits` from `batch.trunk_hidden`: only the layers above the trunk run (with their graph);
-    with `share_prompt`, each distinct prompt runs once and its head KV cache is copied to its rows."""
+def head_response_logits(
+    model: nn.Module, batch: RolloutBatch, depth: int, share_prompt: bool = False, select: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`full_logits` `(bs, R, V)` from `batch.trunk_hidden`: only the layers above the trunk run (with
+    their graph); with `share_prompt`, each distinct prompt runs once and its head KV cache is copied to
+    its rows. `select` `(bs, R)` bool: only those positions' logits, packed `(1, N, V)`."""
     parts = decoder_parts(model)
     if parts is None:
         raise ValueError(f"head_response_logits: {type(model).__name__} has no decoder layout memr1 knows")
@@ -301,16 +318,17 @@ def head_response_logits(model: nn.Module, batch: RolloutBatch, depth: int, shar
     positions = position_ids_from_attention_mask(mask)
     groups = prompt_groups(batch) if share_prompt else None
     if groups is None:
-        return head_logits(parts, depth, hidden, mask, positions, logits_to_keep=response_length)
-    first, rows = groups
-    cache = DynamicCache(config=parts.config)
-    prompt = (hidden[first, :prompt_length], mask[first, :prompt_length], positions[first, :prompt_length])
-    first_logits = head_logits(parts, depth, *prompt, cache=cache, logits_to_keep=1)[rows]
-    if response_length == 1:
-        return first_logits
-    cache.reorder_cache(rows)
-    rest = head_logits(parts, depth, hidden[:, prompt_length:], mask, positions[:, prompt_length:], cache=cache)
-    return torch.cat([first_logits, rest], dim=1)
+        final = head_hidden(parts, depth, hidden, mask, positions, keep_last=response_length)
+    else:
+        first, rows = groups
+        cache = DynamicCache(config=parts.config)
+        prompt = (hidden[first, :prompt_length], mask[first, :prompt_length], positions[first, :prompt_length])
+        final = head_hidden(parts, depth, *prompt, cache=cache, keep_last=1)[rows]
+        if response_length > 1:
+            cache.reorder_cache(rows)
+            rest = head_hidden(parts, depth, hidden[:, prompt_length:], mask, positions[:, prompt_length:], cache=cache)
+            final = torch.cat([final, rest], dim=1)
+    return parts.lm_head(final if select is None else final[select][None])
 
 
 def response_values(critic: nn.Module, batch: RolloutBatch) -> torch.Tensor:
