@@ -58,10 +58,11 @@ RESULT_PREFIX = "TRAIN_STEP_RESULT "  # marks the child's result line among Ligh
 GIB = 1024**3
 LORA_MODES = ("full", "lora", "lora-top")  # no LoRA; adapters on every layer; on the last --top-layers only
 # "old": the update as it was before shared prompts (one forward per row, one torch thread per job as
-# the docs advised, the entropy kept in the graph although its coefficient is 0, emulated by 1e-12);
-# "new": the defaults (a group's prompt forwarded once, every core, the entropy without a graph).
+# the docs advised, the entropy kept in the graph although its coefficient is 0, emulated by 1e-12, the
+# frozen trunk run in every forward); "new": the defaults (a group's prompt forwarded once, every core,
+# the entropy without a graph, the trunk's states given by the rollout with `--old-logprobs rollout`).
 PATHS = {
-    "old": ["algo.share_prompt=false", "algo.entropy_coef=1e-12"],
+    "old": ["algo.share_prompt=false", "algo.entropy_coef=1e-12", "algo.reuse_frozen_trunk=false"],
     "new": [],
 }
 
@@ -115,8 +116,9 @@ def measure_one(config: StepConfig) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
     from memr1.envs.base import Reward
-    from memr1.rl.batch import pack_rollouts
     from memr1.factories import build_module
+    from memr1.llm.trunk import frozen_trunk_depth
+    from memr1.rl.batch import pack_rollouts, trunk_hidden_states
     from memr1.training import trainer_kwargs
 
     overrides = [
@@ -159,6 +161,11 @@ def measure_one(config: StepConfig) -> dict[str, Any]:
         module.policy.eval()
         with torch.no_grad():
             batch.old_logprobs = torch.cat([module._logprobs(module.policy, mb)[0] for mb in module._micro(batch)])
+            depth = frozen_trunk_depth(module.policy) if module.algo.reuse_frozen_trunk else 0
+            if depth:  # the HF engine records the frozen trunk's states as it samples
+                batch.trunk_hidden = torch.cat(
+                    [trunk_hidden_states(module.policy, mb, depth, module._sharing) for mb in module._micro(batch)]
+                )
         module.policy.train()
 
     # The step fills the batch's fields in place: every step gets a fresh copy of the rollout tensors.
