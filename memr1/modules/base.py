@@ -6,7 +6,9 @@ log (`ManagerRLModule`, `AnswerRLModule`).
 
 One training step:
 1. rollout: every state's prompt is sampled `group_size` times (GRPO's G; PPO uses 1) by the rollout
-   engine — the policy itself through `HFEngine`, or vLLM kept in sync by `VLLMWeightSync`;
+   engine — the policy itself through `HFEngine`, or vLLM kept in sync by `VLLMWeightSync`. With LoRA
+   on the top layers only, the layers below are a frozen trunk: their states are computed once per
+   token (recorded by `HFEngine`, or in step 3) and every forward after runs the adapted layers alone;
 2. reward: the environment scores each response (never raising on malformed output);
 3. old log-probs (unless the policy sampled them itself), reference log-probs for the KL and critic
    values for PPO, by forward passes without gradients, in micro-batches;
@@ -78,7 +80,7 @@ class RLModule(HeldOutRewards, LightningModule):
         self.skipped_steps = 0  # optimiser steps dropped for a non-finite gradient norm
         self._stage_seconds: dict[str, float] = {}  # of the current step: rollout, update, ...
         self._sharded = False  # FSDP shards the modules (set once the strategy has wrapped them)
-        self._trunk_depth = 0  # frozen bottom layers whose states are computed once a step (on_train_start)
+        self._trunk_depth = 0  # frozen bottom layers, run once per token (memr1.llm.trunk; set in on_train_start)
         # A fixed probe set of training states, sampled with a fixed seed every N steps: the step reward
         # compares different questions each step, the probe reward the same ones (`train/probe_reward`).
         self.probe_count, self.probe_every_n_steps = probe_states, probe_every_n_steps
