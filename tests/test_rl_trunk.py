@@ -69,7 +69,7 @@ def test_the_trunk_depth_is_the_layers_below_the_lowest_adapter(tokenizer):
     assert frozen_trunk_depth(apply_lora(tiny_causal_lm(tokenizer, num_layers=4), 4, 8, 0.0, top_layers=1)) == 3
     assert frozen_trunk_depth(apply_lora(tiny_causal_lm(tokenizer, num_layers=4), 4, 8, 0.0)) == 0  # every layer adapted
     assert frozen_trunk_depth(tiny_causal_lm(tokenizer, num_layers=4)) == 0  # full fine-tuning: nothing is frozen
-    assert decoder_parts(torch.nn.Linear(2, 2)) is None
+    assert decoder_parts(torch.nn.Linear(2, 2)) is None and frozen_trunk_depth(torch.nn.Linear(2, 2)) == 0
 
 
 @pytest.mark.parametrize("share", [False, True])

