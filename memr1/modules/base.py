@@ -6,9 +6,8 @@ log (`ManagerRLModule`, `AnswerRLModule`).
 
 One training step:
 1. rollout: every state's prompt is sampled `group_size` times (GRPO's G; PPO uses 1) by the rollout
-   engine — the policy itself through `HFEngine`, or vLLM kept in sync by `VLLMWeightSync`. With LoRA
-   on the top layers only, the layers below are a frozen trunk: their states are computed once per
-   token (recorded by `HFEngine`, or in step 3) and every forward after runs the adapted layers alone;
+   engine — the policy itself through `HFEngine`, or vLLM kept in sync by `VLLMWeightSync`; with LoRA
+   on the top layers, the frozen layers below run once per token (`memr1.llm.trunk`), here or in 3;
 2. reward: the environment scores each response (never raising on malformed output);
 3. old log-probs (unless the policy sampled them itself), reference log-probs for the KL and critic
    values for PPO, by forward passes without gradients, in micro-batches;
