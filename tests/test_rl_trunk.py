@@ -1,6 +1,6 @@
-"""The frozen trunk reused: with LoRA on the top layers, the layers below run once per token (in the
-rollout) and the update's forwards run only the adapted layers, with the log-probs and gradients of
-the full forward. A tiny random Llama (4 layers, adapters on the top 2, realistic 0.02 init) with the
+"""The frozen trunk reused: with LoRA on the top layers, the layers below run once per token (recorded
+by the rollout, or in one pass when another engine sampled) and the update's forwards run only the
+adapted layers, with the log-probs and gradients of the full forward. A tiny random Llama (4 layers, adapters on the top 2, realistic 0.02 init) with the
 real SmolLM2 tokenizer; ~15 s on 2 cores."""
 
 from __future__ import annotations
@@ -114,12 +114,14 @@ class FirstOfGroupEnv:
         return [Reward(1.0 if row % 3 == 0 else 0.0, None) for row in range(len(responses))]
 
 
-def train_one_step(tokenizer, reuse: bool) -> tuple[dict[str, torch.Tensor], list[int]]:
-    """One GRPO step with the KL on; the trained adapters, and the batch size of every run of layer 0
-    after the rollout (the update's forwards)."""
+def train_one_step(tokenizer, reuse: bool, separate_engine: bool) -> tuple[dict[str, torch.Tensor], dict, list[int]]:
+    """One GRPO step with the KL on: the trained adapters, the step's metrics, and the rows of every
+    run of layer 0 after the rollout. `separate_engine`: the rollout comes from an engine that is not
+    the module's own (as vLLM's), so nothing is recorded and the old log-probs are recomputed."""
     model = top_two_lora(tokenizer, seed=7)
     algo = AlgoConfig(name="grpo", group_size=3, actor_lr=1e-2, kl_coef=0.1, micro_batch_size=3, reuse_frozen_trunk=reuse)
-    module = RLModule(model, tokenizer, FirstOfGroupEnv(), algo, max_new_tokens=6, seed=2)
+    engine = HFEngine(model, tokenizer, batch_size=8) if separate_engine else None
+    module = RLModule(model, tokenizer, FirstOfGroupEnv(), algo, engine=engine, max_new_tokens=6, seed=2)
     bottom_rows: list[int] = []
     rollout = module.rollout
 
@@ -135,13 +137,19 @@ def train_one_step(tokenizer, reuse: bool) -> tuple[dict[str, torch.Tensor], lis
     return trained, module.step_metrics, bottom_rows
 
 
-def test_an_rl_step_reusing_the_trunk_trains_as_one_that_does_not_and_skips_the_bottom_layers(tokenizer):
-    reused, reused_metrics, reused_bottom = train_one_step(tokenizer, reuse=True)
-    plain, plain_metrics, plain_bottom = train_one_step(tokenizer, reuse=False)
+@pytest.mark.parametrize("separate_engine", [False, True])
+def test_an_rl_step_reusing_the_trunk_trains_as_one_that_does_not_and_skips_the_bottom_layers(tokenizer, separate_engine):
+    reused, reused_metrics, reused_bottom = train_one_step(tokenizer, True, separate_engine)
+    plain, plain_metrics, plain_bottom = train_one_step(tokenizer, False, separate_engine)
     for name in ("actor/policy_loss", "actor/kl", "actor/grad_norm", "actor/entropy"):
         assert reused_metrics[name] == pytest.approx(plain_metrics[name], rel=1e-4, abs=1e-7), name
     assert plain_metrics["actor/kl"] > 0 and plain_metrics["actor/grad_norm"] > 0
     for name in plain:  # AdamW's first step moves each weight by about the LR, 1e-2
         torch.testing.assert_close(reused[name], plain[name], rtol=0, atol=1e-5, msg=name)
-    assert reused_bottom == []  # the update never ran the frozen layers: the rollout's states served
-    assert plain_bottom  # the reference and the policy forwards each ran them
+    # Two micro-batches of one group each; a shared-prompt pass runs the prompt (1 row), then its 3 responses.
+    if separate_engine:
+        assert reused_bottom == [1, 3] * 2  # one trunk pass before the update
+        assert plain_bottom == [1, 3] * 2 * 3  # old log-probs, reference, policy: each through every layer
+    else:
+        assert reused_bottom == []  # the rollout recorded the trunk's states
+        assert plain_bottom == [1, 3] * 2 * 2  # reference, policy
