@@ -172,7 +172,7 @@ def report_table(schedule: Schedule) -> str:
         return ""
     header = "| agent | " + " | ".join(title for _, title in REPORT_COLUMNS) + " | ΔF1 vs " + rows[0][0] + " | wall s |"
     lines = [header, "|" + "---|" * (len(REPORT_COLUMNS) + 3)]
-    base_f1 = float(rows[0][1]["scores"]["f1"])
+    base, base_f1 = rows[0][0], float(rows[0][1]["scores"]["f1"])
     for label, report in rows:
         scores = report["scores"]
         cells = [f"{float(scores.get(key, float('nan'))):.2f}" for key, _ in REPORT_COLUMNS]
@@ -184,12 +184,14 @@ def report_table(schedule: Schedule) -> str:
     lines.append(f"{questions} {split} questions, greedy decoding, the same questions and banks in every row.")
     for label, report in rows[1:]:
         delta = float(report["scores"]["f1"]) - base_f1
-        verdict = "beats" if delta > 0 else "does NOT beat"
-        lines.append(f"{label} {verdict} {rows[0][0]}: F1 {delta:+.2f}.")
-    f1_by_label = {label: float(report["scores"]["f1"]) for label, report in rows}
+        lines.append(f"{label} {_verdict(delta)} {base}: F1 {delta:+.2f}.")
+    f1 = {label: float(report["scores"]["f1"]) for label, report in rows}
     for stage in schedule.stages:
-        if stage.versus in f1_by_label and stage.report in f1_by_label:
-            delta = f1_by_label[stage.report] - f1_by_label[stage.versus]
-            verdict = "beats" if delta > 0 else "does NOT beat"
-            lines.append(f"{stage.report} {verdict} {stage.versus}, the agent it was trained from: F1 {delta:+.2f}.")
+        if stage.versus in f1 and stage.report in f1:
+            delta = f1[stage.report] - f1[stage.versus]
+            lines.append(f"{stage.report} {_verdict(delta)} {stage.versus}, the agent it was trained from: F1 {delta:+.2f}.")
     return "\n".join(lines)
+
+
+def _verdict(delta: float) -> str:
+    return "beats" if delta > 0 else "does NOT beat"

@@ -15,8 +15,9 @@ below run only the head from it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from torch import nn
@@ -223,84 +224,66 @@ def shared_prompt_logits(model: nn.Module, batch: RolloutBatch) -> torch.Tensor 
     groups = prompt_groups(batch)
     if groups is None:
         return None
-    first, rows = groups
-    prompt_length, response_length = batch.prompt_length, batch.responses.shape[1]
-    prompt_ids, prompt_mask = batch.input_ids[first, :prompt_length], batch.attention_mask[first, :prompt_length]
     try:
-        cache = DynamicCache(config=model.config)
-        keyword = cache_keyword(model)
-        first_logits = model(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            position_ids=position_ids_from_attention_mask(prompt_mask),
-            use_cache=True,
-            logits_to_keep=1,
-            **{keyword: cache},
-        ).logits[rows]  # (bs, 1, V): predicts response token 0
-        if response_length == 1:
-            return first_logits
-        cache.reorder_cache(rows)
-        # Response tokens 0..R-2 predict tokens 1..R-1; the last token predicts nothing we score.
-        mask = batch.attention_mask[:, : prompt_length + response_length - 1]
-        rest = model(
-            input_ids=batch.responses[:, :-1],
-            attention_mask=mask,
-            position_ids=position_ids_from_attention_mask(mask)[:, prompt_length:],
-            use_cache=True,
-            **{keyword: cache},
-        ).logits
+        return _once_per_prompt(model, batch, groups, lambda **inputs: model(**inputs).logits)
     except (TypeError, AttributeError, NotImplementedError) as error:
         name = type(model).__name__
         if name not in _warned_no_sharing:
             _warned_no_sharing.add(name)
             log.warning("%s cannot share prompt KV caches (%s): using one forward per row", name, error)
         return None
-    return torch.cat([first_logits, rest], dim=1)
+
+
+def _once_per_prompt(
+    model: nn.Module, batch: RolloutBatch, groups: tuple[torch.Tensor, torch.Tensor], forward: Callable[..., torch.Tensor]
+) -> torch.Tensor:
+    """`forward(**model_inputs)` run on each distinct prompt once (keeping the logit of its last token
+    only), its KV cache copied to the rows that share it, then on every row's response tokens but the
+    last (the last predicts nothing scored); the two outputs joined along the sequence."""
+    first, rows = groups
+    prompt_length, response_length = batch.prompt_length, batch.responses.shape[1]
+    mask = batch.attention_mask[:, : prompt_length + response_length - 1]
+    positions = position_ids_from_attention_mask(mask)
+    keyword = cache_keyword(model)
+    cache = DynamicCache(config=model.config)
+    prompt = forward(
+        input_ids=batch.input_ids[first, :prompt_length],
+        attention_mask=mask[first, :prompt_length],
+        position_ids=positions[first, :prompt_length],
+        use_cache=True,
+        logits_to_keep=1,
+        **{keyword: cache},
+    )[rows]
+    if response_length == 1:
+        return prompt
+    cache.reorder_cache(rows)
+    rest = forward(
+        input_ids=batch.responses[:, :-1],
+        attention_mask=mask,
+        position_ids=positions[:, prompt_length:],
+        use_cache=True,
+        **{keyword: cache},
+    )
+    return torch.cat([prompt, rest], dim=1)
 
 
 def trunk_hidden_states(model: nn.Module, batch: RolloutBatch, depth: int, share_prompt: bool = False) -> torch.Tensor:
     """The frozen trunk's states `(bs, P + R - 1, H)` of `batch` (no graph), for when the rollout did not
     record them; with `share_prompt`, each distinct prompt runs once, as in `shared_prompt_logits`."""
-    prompt_length, response_length = batch.prompt_length, batch.responses.shape[1]
-    mask = batch.attention_mask[:, : prompt_length + response_length - 1]
-    positions = position_ids_from_attention_mask(mask)
-    keyword = cache_keyword(model)
+    def forward(**inputs: Any) -> torch.Tensor:
+        return trunk_states(model, depth, lambda: model(**inputs))
+
     groups = prompt_groups(batch) if share_prompt else None
     with torch.no_grad():
-        if groups is None:
-            return trunk_states(
-                model,
-                depth,
-                lambda: model(input_ids=batch.input_ids[:, : mask.shape[1]], attention_mask=mask, position_ids=positions, use_cache=False),
-            )
-        first, rows = groups
-        cache = DynamicCache(config=model.config)
-        prompt = trunk_states(
-            model,
-            depth,
-            lambda: model(
-                input_ids=batch.input_ids[first, :prompt_length],
-                attention_mask=mask[first, :prompt_length],
-                position_ids=positions[first, :prompt_length],
-                use_cache=True,
-                **{keyword: cache},
-            ),
-        )[rows]
-        if response_length == 1:
-            return prompt
-        cache.reorder_cache(rows)
-        rest = trunk_states(
-            model,
-            depth,
-            lambda: model(
-                input_ids=batch.responses[:, :-1],
-                attention_mask=mask,
-                position_ids=positions[:, prompt_length:],
-                use_cache=True,
-                **{keyword: cache},
-            ),
+        if groups is not None:
+            return _once_per_prompt(model, batch, groups, forward)
+        mask = batch.attention_mask[:, :-1]
+        return forward(
+            input_ids=batch.input_ids[:, :-1],
+            attention_mask=mask,
+            position_ids=position_ids_from_attention_mask(mask),
+            use_cache=False,
         )
-    return torch.cat([prompt, rest], dim=1)
 
 
 def head_response_logits(
