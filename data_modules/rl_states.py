@@ -20,7 +20,7 @@ from memr1.banks.build import memory_items
 from memr1.banks.policies import AddAllPolicy, MemoryPolicy
 from memr1.banks.recipe import BankRecipe, bank_recipe, open_or_build_banks
 from memr1.embed import Embedder
-from memr1.factories import ModelCache, answer_config, banks_config, manager_config, memory_policy
+from memr1.factories import ModelCache, answer_config, banks_config, manager_config, memory_policy, run_precision
 from memr1.memory import MemoryBank
 from memr1.progress import progress_bar
 from memr1.states.datasets import AnswerStates, ManagerStates, collate_states
@@ -126,7 +126,7 @@ class RLStatesDataModule(LightningDataModule):
         loader, banks = cfg.data_loader, banks_config(cfg)
         recipe = bank_recipe(cfg)
         manager = manager_config(cfg)
-        models = ModelCache(cfg.backbone, "hf", manager.batch_size)  # loaded only if a bank needs building
+        models = ModelCache(cfg.backbone, "hf", manager.batch_size, run_precision(cfg))  # loaded only if a bank needs building
 
         return cls(
             locomo={
@@ -197,6 +197,15 @@ class RLStatesDataModule(LightningDataModule):
         states = self._loaded(self.train_states)
         order = np.random.default_rng(self.seed + 104_729).permutation(len(states))[:count]
         return [states[int(index)] for index in order]
+
+    def extra_states(self, step: int, draw: int) -> list[Any]:
+        """Dynamic sampling's extra states for batch step `step`: draw `draw` (1, 2, ...) is a batch of
+        `batch_size` training states drawn with a seed of (seed, step, draw), so a resumed run draws
+        the same ones; this rank's share, as `train_dataloader` gives it."""
+        states = self._loaded(self.train_states)
+        rank, world_size = self._shard()
+        order = np.random.default_rng([self.seed, step, draw, 15_485_863]).permutation(len(states))[: self.batch_size]
+        return [states[int(index)] for index in order[rank::world_size]]
 
     @property
     def num_states(self) -> int:

@@ -11,55 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-ALGORITHMS = ("ppo", "grpo", "sft")  # sft: memr1.modules.sft
-BASELINES = ("group", "none")
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 LOSS_AGG_MODES: tuple[str, ...] = LossAggMode.__args__  # type: ignore[attr-defined]
-
-
-@dataclass
-class AlgoConfig:
-    """PPO / GRPO / SFT hyper-parameters (`algo` group); defaults are the paper's (verl's) unless a
-    comment in conf/algo says why not. How long a response may be is the agent's (`max_new_tokens` of
-    `answer` / `manager`), not the algorithm's: rollouts, validation and evaluation decode alike."""
-
-    name: str = "grpo"
-    group_size: int = 5              # GRPO samples per state (PPO: 1)
-    temperature: float = 1.0         # rollout temperature (evaluation is greedy)
-    top_p: float = 1.0
-    actor_lr: float = 1e-6
-    critic_lr: float = 1e-5
-    weight_decay: float = 0.01
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0        # dual-clip bound for negative advantages
-    value_clip: float = 0.5
-    gamma: float = 1.0
-    lam: float = 1.0
-    kl_coef: float = 0.001           # GRPO: KL to the reference policy in the loss
-    kl_kind: str = "low_var_kl"      # verl's k3
-    entropy_coef: float = 0.0
-    norm_adv_by_std: bool = True     # False: Dr. GRPO
-    baseline: str = "group"          # GRPO's group mean; "none": the reward itself (counterfactual credit)
-    loss_agg_mode: str = "token-mean"
-    ppo_epochs: int = 1
-    mini_batch_size: int = 0         # sequences per optimiser step; 0 = the whole rollout batch
-    micro_batch_size: int = 2        # sequences per forward/backward (gradient accumulation)
-    grad_clip: float = 1.0
-    share_prompt: bool = True        # a GRPO group's prompt forwarded once, its KV cache shared
-    reuse_frozen_trunk: bool = True  # the layers below the adapters run once per token (memr1.llm.trunk)
-
-    def __post_init__(self) -> None:
-        if self.name not in ALGORITHMS:
-            raise ValueError(f"algo.name: {self.name!r} is not one of {ALGORITHMS}")
-        if self.name == "grpo" and self.group_size < 2:
-            raise ValueError(f"algo.group_size: GRPO needs at least 2 samples per state, got {self.group_size}")
-        if self.micro_batch_size < 1:
-            raise ValueError(f"algo.micro_batch_size: must be >= 1, got {self.micro_batch_size}")
-        if self.baseline not in BASELINES:
-            raise ValueError(f"algo.baseline: {self.baseline!r} is not one of {BASELINES}")
-        if self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(f"algo.loss_agg_mode: {self.loss_agg_mode!r} is not one of {LOSS_AGG_MODES}")
+KLKind = Literal["k1", "k2", "k3", "low_var_kl", "abs"]
+KL_KINDS: tuple[str, ...] = KLKind.__args__  # type: ignore[attr-defined]
+# The `algo` group's dataclass is memr1.rl.algorithms.AlgoConfig: it asks the registry of algorithms
+# there which settings each one reads.
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ the policy, critic and environment of a training run, and the RL module over the
 
 Each factory is a small function of a composed config (`conf/train.yaml` or `conf/evaluate.yaml`), so
 a notebook or a sweep agent can assemble a run piece by piece. The typed groups (`algo`, `answer`,
-`manager`, `banks`) are instantiated from their `_target_` (`memr1.config`).
+`manager`, `banks`) are instantiated from their `_target_` (`memr1.config`, `memr1.rl.algorithms`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from memr1.agents.answer import AnswerAgent
 from memr1.agents.manager import ManagerAgent
 from memr1.banks.policies import AddAllPolicy, MemoryPolicy, ModelPolicy
 from memr1.banks.recipe import BankRecipe, LazyPolicy
-from memr1.config import AlgoConfig, AnswerConfig, BanksConfig, ManagerConfig
+from memr1.config import AnswerConfig, BanksConfig, ManagerConfig
 from memr1.envs.answer import AnswerEnv
 from memr1.envs.manager import ManagerEnv
 from memr1.llm.engines import GenerationEngine, HFEngine
 from memr1.llm.loading import load_policy
+from memr1.llm.precision import FP32, Precision, choose_precision
 from memr1.llm.lora import apply_lora
 from memr1.llm.sampling import SamplingConfig
 from memr1.llm.value import ValueModel
@@ -34,6 +35,7 @@ from memr1.modules.answer import AnswerRLModule
 from memr1.modules.base import RLModule
 from memr1.modules.manager import ManagerRLModule
 from memr1.modules.sft import AnswerSFTModule, ManagerSFTModule
+from memr1.rl.algorithms import AlgoConfig
 from memr1.teachers import EndpointTeacher, EvidenceAnswerTeacher, RuleManagerTeacher, Teacher, TeacherTrajectories
 
 log = logging.getLogger(__name__)
@@ -74,12 +76,13 @@ def build_engine(
     tokenizer: PreTrainedTokenizerBase | None = None,
     name_or_path: str | None = None,
     batch_size: int = 8,
+    precision: Precision = FP32,
     **vllm_options: Any,
 ) -> GenerationEngine:
     """A generation engine of `kind`.
 
     "hf": samples from `model` itself (the policy being trained: no weight sync needed); needs `model`
-        and `tokenizer`, uses `batch_size`.
+        and `tokenizer`, uses `batch_size` and `precision` (`run_precision`).
     "vllm": a vLLM engine serving `name_or_path` (hub id, directory or `embedded:` name), kept in sync by
         `load_weights` / `load_lora`; `tokenizer` is optional, `vllm_options` go to `VLLMEngine`.
     """
@@ -88,7 +91,7 @@ def build_engine(
             raise ValueError("build_engine('hf'): needs model= and tokenizer=")
         if vllm_options:
             raise TypeError(f"build_engine('hf'): unexpected options {sorted(vllm_options)} (they are vLLM's)")
-        return HFEngine(model, tokenizer, batch_size=batch_size)
+        return HFEngine(model, tokenizer, batch_size=batch_size, precision=precision)
     if kind == "vllm":
         if name_or_path is None:
             raise ValueError("build_engine('vllm'): needs name_or_path=")
@@ -96,6 +99,13 @@ def build_engine(
 
         return VLLMEngine(name_or_path, tokenizer=tokenizer, **vllm_options)
     raise ValueError(f"build_engine: unknown kind {kind!r}; expected 'hf' or 'vllm'")
+
+
+def run_precision(cfg: DictConfig) -> Precision:
+    """The `precision` key (auto | fp32 | bf16) resolved on the device this run computes on: a GPU
+    unless there is none or `trainer=cpu` says otherwise."""
+    on_cpu = not torch.cuda.is_available() or cfg.get("trainer", {}).get("kind") == "cpu"
+    return choose_precision(cfg.precision, "cpu" if on_cpu else "cuda")
 
 
 def frozen_policy(name_or_path: str, dtype: str, ckpt: str | None) -> tuple[PreTrainedModel, Any]:
@@ -109,10 +119,11 @@ def frozen_policy(name_or_path: str, dtype: str, ckpt: str | None) -> tuple[PreT
 class ModelCache:
     """Loads each (backbone, checkpoint) once, so a prompted Manager and the Answer Agent share it."""
 
-    def __init__(self, backbone: DictConfig, engine_kind: str, batch_size: int) -> None:
+    def __init__(self, backbone: DictConfig, engine_kind: str, batch_size: int, precision: Precision = FP32) -> None:
         self.backbone = backbone
         self.engine_kind = engine_kind
         self.batch_size = batch_size
+        self.precision = precision
         self._engines: dict[str | None, GenerationEngine] = {}
 
     def engine(self, ckpt: str | None) -> GenerationEngine:
@@ -126,7 +137,7 @@ class ModelCache:
                 self._engines[ckpt] = build_engine("vllm", name_or_path=str(path or self.backbone.name_or_path))
             else:
                 model, tokenizer = frozen_policy(self.backbone.name_or_path, self.backbone.dtype, ckpt)
-                self._engines[ckpt] = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=self.batch_size)
+                self._engines[ckpt] = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=self.batch_size, precision=self.precision)
             log.info("loaded %s%s in %.1fs", self.backbone.name_or_path, f" + {ckpt}" if ckpt else "", time.perf_counter() - started)
         return self._engines[ckpt]
 
@@ -205,7 +216,7 @@ def build_env(cfg: DictConfig) -> AnswerEnv | ManagerEnv:
         return ManagerEnv(
             ManagerAgent(),
             answer_agent(answer),
-            build_engine("hf", model=frozen, tokenizer=tokenizer, batch_size=answer.batch_size),
+            build_engine("hf", model=frozen, tokenizer=tokenizer, batch_size=answer.batch_size, precision=run_precision(cfg)),
             SamplingConfig.greedy_up_to(answer.max_new_tokens),
             k_per_speaker=answer.k_per_speaker,
             reward=model.reward,
@@ -244,11 +255,12 @@ def build_trajectories(cfg: DictConfig) -> TeacherTrajectories:
 def build_module(cfg: DictConfig) -> RLModule:
     """The Lightning module of `model.agent` and `algo.name` (RL, or SFT on the teacher's targets)."""
     algo = algo_config(cfg)
+    algorithm = algo.algorithm
     agent = trained_agent(cfg)
     policy, tokenizer = build_policy(cfg)
-    critic = build_critic(cfg) if algo.name == "ppo" else None
+    critic = build_critic(cfg) if algorithm.needs_critic else None
     reference = None
-    if algo.name == "grpo" and algo.kl_coef > 0 and not cfg.lora.enabled:
+    if algorithm.uses_reference(algo) and not cfg.lora.enabled:
         # The KL anchors the policy to where RL started: the warm start when there is one.
         reference, _ = frozen_policy(cfg.backbone.name_or_path, cfg.backbone.dtype, agent.ckpt)
     common: dict[str, Any] = dict(
@@ -260,9 +272,10 @@ def build_module(cfg: DictConfig) -> RLModule:
         probe_every_n_steps=cfg.data_loader.probe_every_n_steps,
         val_sampled_reward=cfg.data_loader.val_sampled_reward,
         max_new_tokens=agent.max_new_tokens,
+        precision=run_precision(cfg),
     )
     answer = cfg.model.agent == "answer"
-    if algo.name == "sft":
+    if not algorithm.trains_on_rollouts:
         module_class: type[RLModule] = AnswerSFTModule if answer else ManagerSFTModule
         common["trajectories"] = build_trajectories(cfg)
     else:

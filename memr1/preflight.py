@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -96,8 +97,7 @@ def check_typed_groups(cfg: DictConfig, groups: tuple[str, ...] = TRAIN_GROUPS) 
     import dataclasses
     import difflib
 
-    from hydra.utils import get_class, instantiate
-    from omegaconf import OmegaConf
+    from hydra.utils import get_class
 
     for group in groups:
         node = cfg.get(group)
@@ -118,11 +118,39 @@ def check_typed_groups(cfg: DictConfig, groups: tuple[str, ...] = TRAIN_GROUPS) 
         missing = [name for name in fields if name not in node]
         if missing:
             raise ConfigError(f"{group}: the keys {missing} of {schema.__name__} are not set (conf/{group}/*.yaml sets them all)")
-        try:
-            instantiate(OmegaConf.create(OmegaConf.to_container(node, resolve=True)))
-        except Exception as error:  # instantiate wraps the dataclass's own ValueError
-            cause = error.__cause__ or error
-            raise ConfigError(str(cause)) from None
+        instantiate_group(node)
+
+
+def instantiate_group(node: DictConfig) -> Any:
+    """The typed group's dataclass, built from its `_target_`; its own ValueError becomes a ConfigError."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    try:
+        return instantiate(OmegaConf.create(OmegaConf.to_container(node, resolve=True)))
+    except Exception as error:  # instantiate wraps the dataclass's own ValueError
+        cause = error.__cause__ or error
+        raise ConfigError(str(cause)) from None
+
+
+def command_line_overrides() -> list[str]:
+    """The `key=value` overrides of this run's command line (Hydra's), empty outside a Hydra app."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def check_no_ignored_overrides(algorithm: Any, overrides: list[str]) -> None:
+    """Refuse an `algo.KEY=...` on the command line that the chosen algorithm does not read (its
+    `ignores`), naming the key and why: a setting asked for must never silently do nothing. A preset
+    may set them (one preset serves several algorithms); only what the user typed is refused."""
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if not key.startswith("algo."):
+            continue
+        field = key.removeprefix("algo.").split(".", 1)[0]
+        if field in algorithm.ignores:
+            raise ConfigError(f"{override}: algo={algorithm.name} does not use algo.{field}: {algorithm.ignores[field]}")
 
 
 def check_train(cfg: DictConfig) -> None:
@@ -144,10 +172,12 @@ def check_train(cfg: DictConfig) -> None:
     trained = "answer" if cfg.model.agent == "answer" else "manager"
     check_dir("answer.ckpt", cfg.answer.ckpt, "the warm start" if trained == "answer" else "the frozen Answer Agent's policy export")
     check_dir("manager.ckpt", cfg.manager.ckpt, "the warm start" if trained == "manager" else "the Manager export that writes the banks")
-    if cfg.model.get("credit") == "counterfactual" and not (cfg.algo.name == "grpo" and cfg.algo.baseline == "none"):
+    algorithm = instantiate_group(cfg.algo).algorithm
+    check_no_ignored_overrides(algorithm, command_line_overrides())
+    if cfg.model.get("credit") == "counterfactual" and algorithm.trains_on_rollouts and algorithm.flat_groups_are_zero:
         raise ConfigError(
-            f"model.credit=counterfactual with algo={cfg.algo.name} algo.baseline={cfg.algo.baseline}: the NOOP reward is "
-            "the same for every sample of a state, so a group baseline or a critic cancels it; use algo=grpo algo.baseline=none"
+            f"model.credit=counterfactual with algo={cfg.algo.name}: the NOOP reward is the same for every sample of a "
+            f"state, so {algorithm.title}'s baseline cancels it; use algo=reinforce (the reward is the advantage)"
         )
     if cfg.algo.name == "sft" and cfg.teacher.kind == "endpoint" and not (cfg.teacher.get("url") and cfg.teacher.get("model")):
         raise ValueError("teacher=endpoint needs teacher.url=http://HOST:PORT/v1 and teacher.model=NAME")

@@ -59,7 +59,9 @@ class Schedule:
 
 def load_schedule(name_or_path: str, root: str | None = None, overrides: Sequence[str] = ()) -> Schedule:
     """The schedule `conf/pipeline/<name>.yaml` (or a YAML path); `overrides` are added to every stage
-    of the script they are written for (`train.py:KEY=VALUE`, `evaluate.py:KEY=VALUE`) or of both."""
+    of the script they are written for (`train.py:KEY=VALUE`, `evaluate.py:KEY=VALUE`) or of both, and an
+    `algo.KEY` one only to the training stages whose algorithm reads it (GRPO's group size is not the
+    SFT stage's: train.py refuses a setting its algorithm would ignore)."""
     path = Path(name_or_path)
     if not path.suffix:
         path = SCHEDULES / f"{name_or_path}.yaml"
@@ -81,12 +83,35 @@ def load_schedule(name_or_path: str, root: str | None = None, overrides: Sequenc
             raise ValueError(f"{where}: a stage needs a name and a script ({' or '.join(SCRIPTS)})")
         if any(stage["name"] == earlier.name for earlier in stages):
             raise ValueError(f"{where}: the stage name {stage['name']!r} is used twice")
-        args = tuple(str(arg) for arg in [*common[stage["script"]], *stage.get("args", [])])
+        own = [str(arg) for arg in stage.get("args", [])]
+        shared = common[stage["script"]]
+        if stage["script"] == "train.py":
+            shared = read_by_algorithm(shared, own)
+        args = tuple([*shared, *own])
         versus = stage.get("versus")
         if versus is not None and versus not in [earlier.report for earlier in stages if earlier.report]:
             raise ValueError(f"{where}: versus: {versus!r} is not the report label of an earlier stage")
         stages.append(Stage(stage["name"], stage["script"], args, stage.get("report"), versus))
     return Schedule(path.stem, Path(root or spec.get("root") or f"runs/pipeline/{path.stem}"), tuple(stages))
+
+
+def read_by_algorithm(shared: Sequence[str], own: Sequence[str]) -> list[str]:
+    """The `shared` overrides of a training stage less the `algo.KEY` ones that the stage's algorithm
+    (chosen by its `own` `algo=` or `experiment=` arguments) does not read."""
+    from hydra import compose, initialize_config_dir
+
+    from memr1.rl.algorithms import ALGORITHMS
+
+    choosing = [arg for arg in [*shared, *own] if arg.split("=", 1)[0].lstrip("+~") in ("algo", "experiment")]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        algorithm = ALGORITHMS[compose("train", overrides=choosing).algo.name]
+    kept = []
+    for arg in shared:
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if key.startswith("algo.") and key.removeprefix("algo.").split(".", 1)[0] in algorithm.ignores:
+            continue
+        kept.append(arg)
+    return kept
 
 
 def stage_command(schedule: Schedule, stage: Stage) -> list[str]:

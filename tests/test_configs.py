@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from memr1.config import AlgoConfig, AnswerConfig, BanksConfig, ManagerConfig
+from memr1.config import AnswerConfig, BanksConfig, ManagerConfig
+from memr1.rl.algorithms import AlgoConfig
 from memr1.factories import algo_config, answer_config
 from memr1.preflight import EVALUATE_GROUPS, TRAIN_GROUPS, ConfigError, check_typed_groups
 from memr1.training import trainer_kwargs
@@ -109,7 +110,8 @@ def test_the_cpu_lift_experiments_compose_as_documented():
     evaluation = compose_config("evaluate", ["experiment=cpu_lift/answer"])
     assert (answer.model.agent, answer.algo.name, answer.algo.group_size) == ("answer", "grpo", 4)
     # PPO samples once per state: 16 states give GRPO's 4 x G=4 responses per step.
-    assert (ppo.algo.name, ppo.algo.group_size, ppo.data_loader.states_per_step, ppo.model.reward) == ("ppo", 1, 16, "f1")
+    ppo_algo = algo_config(ppo)
+    assert (ppo_algo.name, ppo_algo.algorithm.samples_per_state(ppo_algo), ppo.data_loader.states_per_step, ppo.model.reward) == ("ppo", 1, 16, "f1")
     assert (manager.model.agent, manager.answer.distill, manager.data_loader.val_before_train) == ("manager", False, True)
     # A Milvus Lite .db has one owner: the manager run keeps its banks apart from the answer run's.
     assert manager.banks.dir != answer.banks.dir
@@ -131,9 +133,13 @@ def test_every_dataclass_field_is_a_config_key_and_settable_from_the_command_lin
         assert set(cfg[group]) - {"_target_"} == {f.name for f in dataclasses.fields(schema)}, group
         for field in dataclasses.fields(schema):
             value = cfg[group][field.name]
+            if isinstance(value, DictConfig):  # a nested group (algo.filter_groups): each of its keys
+                for key, inner in value.items():
+                    compose_config(entry, [f"{group}.{field.name}.{key}={inner}"])
+                continue
             # Overriding each key with its own value composes: no key exists only in the dataclass.
             override = f"{group}.{field.name}={'null' if value is None else value}"
-            if isinstance(value, (list, dict)) or (isinstance(value, str) and "${" in value):
+            if isinstance(value, list) or (isinstance(value, str) and "${" in value):
                 continue
             compose_config(entry, [override])
 
@@ -142,7 +148,7 @@ def test_algo_weight_decay_composes_and_reaches_the_optimiser_config():
     assert algo_config(compose_config("train", ["algo.weight_decay=0.0"])).weight_decay == 0.0
 
 
-@pytest.mark.parametrize("algo", ["grpo", "ppo", "sft"])
+@pytest.mark.parametrize("algo", ["grpo", "dr_grpo", "rloo", "reinforce", "ppo", "sft"])
 def test_every_algorithm_sets_every_field_once(algo):
     cfg = compose_config("train", [f"algo={algo}"])
     assert algo_config(cfg).name == algo

@@ -111,4 +111,38 @@ def test_train_checkpoints_are_checked_before_loading_anything(tmp_path, key):
 
 def test_counterfactual_credit_with_a_group_baseline_is_refused(tmp_path):
     result = entry("train.py", "model=manager", "model.credit=counterfactual", f"run_dir={tmp_path / 'r'}")
-    assert_fails_light(result, "model.credit=counterfactual with algo=grpo algo.baseline=group", "algo.baseline=none")
+    assert_fails_light(result, "model.credit=counterfactual with algo=grpo", "use algo=reinforce")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algo=grpo", "algo.critic_lr=1e-3"], "algo.critic_lr=1e-3: algo=grpo does not use algo.critic_lr: it has no critic"),
+        (["algo=ppo", "algo.kl_coef=0.01"], "algo.kl_coef=0.01: algo=ppo does not use algo.kl_coef: it puts no KL term in its loss"),
+        (["algo=ppo", "algo.group_size=4"], "algo.group_size=4: algo=ppo does not use algo.group_size: it samples one response"),
+        (["algo=sft", "algo.temperature=0.5"], "algo.temperature=0.5: algo=sft does not use algo.temperature: it trains on the teacher's targets"),
+        (["algo=reinforce", "algo.filter_groups.enable=true"], "algo=reinforce does not use algo.filter_groups: its advantage is the reward itself"),
+        (["algo=dr_grpo", "algo.loss_agg_mode=token-mean"], "Dr. GRPO does not normalise by response length"),
+        (["algo.kl_kind=k9"], "algo.kl_kind: 'k9' is not one of"),
+        (["algo=grpo", "algo.group_size=1"], "algo.group_size: GRPO compares the samples of a state, it needs at least 2"),
+    ],
+)
+def test_each_algorithm_refuses_the_settings_it_would_ignore_before_torch_loads(tmp_path, overrides, message):
+    assert_fails_light(entry("train.py", *overrides, f"run_dir={tmp_path / 'r'}"), message)
+
+
+def test_a_preset_may_set_what_the_chosen_algorithm_does_not_read():
+    """cpu_lift/answer tunes GRPO's group and temperature; with algo=sft those are not read, and the
+    preset still composes and passes (only the command line is refused)."""
+    from hydra import compose, initialize_config_dir
+
+    from memr1.preflight import TRAIN_GROUPS, check_no_ignored_overrides, check_typed_groups
+    from memr1.rl.algorithms import ALGORITHMS
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=cpu_lift/answer", "algo=sft"])
+    check_typed_groups(cfg, TRAIN_GROUPS)
+    assert cfg.algo.group_size == 4  # set by the preset, unread by SFT
+    check_no_ignored_overrides(ALGORITHMS["sft"], ["experiment=cpu_lift/answer", "algo=sft", "algo.actor_lr=3e-4"])
+    with pytest.raises(ConfigError, match="algo.group_size=4: algo=sft does not use algo.group_size"):
+        check_no_ignored_overrides(ALGORITHMS["sft"], ["algo=sft", "+algo.group_size=4"])

@@ -23,7 +23,7 @@ from memr1.llm.loading import load_tokenizer
 from memr1.llm.testing import tiny_causal_lm
 from memr1.llm.value import ValueModel
 from memr1.modules.answer import AnswerRLModule
-from memr1.config import AlgoConfig
+from memr1.rl.algorithms import AlgoConfig
 from memr1.modules.base import RLModule
 from memr1.rl.batch import response_logprobs
 from memr1.training import fit
@@ -91,7 +91,7 @@ def test_grpo_step_raises_the_logprob_of_rewarded_samples(tokenizer):
 
 
 def test_ppo_step_updates_actor_and_critic_in_the_direction_of_the_advantage(tokenizer):
-    algo = AlgoConfig(name="ppo", group_size=1, actor_lr=1e-3, critic_lr=1e-2, micro_batch_size=2, grad_clip=100.0)
+    algo = AlgoConfig(name="ppo", actor_lr=1e-3, critic_lr=1e-2, micro_batch_size=2, grad_clip=100.0)
     critic = ValueModel(tiny_causal_lm(tokenizer, seed=2))
     # One state per "group": state 0 and 2 earn 1, states 1 and 3 earn 0 (FirstOfGroupEnv with groups of 2).
     module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, FirstOfGroupEnv(2), algo, max_new_tokens=8, critic=critic, seed=5)
@@ -232,8 +232,8 @@ def test_the_sampled_validation_reward_samples_at_the_rollout_temperature(tokeni
     assert off._val_sampled == []
 
 
-def test_without_a_baseline_the_reward_is_the_advantage_even_in_a_group_that_agrees(tokenizer):
-    algo = AlgoConfig(name="grpo", group_size=4, actor_lr=1e-3, kl_coef=0.0, micro_batch_size=4, baseline="none")
+def test_with_reinforce_the_reward_is_the_advantage_even_in_a_group_that_agrees(tokenizer):
+    algo = AlgoConfig(name="reinforce", group_size=4, actor_lr=1e-3, kl_coef=0.0, micro_batch_size=4)
     module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), algo, max_new_tokens=6, seed=3)
     batch, _ = module.rollout(["Say hello.", "Name a dog."])
     batch.scores = torch.tensor([0.3, 0.3, 0.3, 0.3, -0.2, 0.0, 0.1, 0.1])  # the first group all alike
@@ -244,5 +244,5 @@ def test_without_a_baseline_the_reward_is_the_advantage_even_in_a_group_that_agr
     grouped = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), AlgoConfig(name="grpo", group_size=4), max_new_tokens=6)
     grouped._advantages(batch, [0, 0, 0, 0, 1, 1, 1, 1])
     assert torch.all(batch.advantages[:4] == 0)
-    with pytest.raises(ValueError, match="algo.baseline: 'mean' is not one of"):
-        AlgoConfig(baseline="mean")
+    with pytest.raises(ValueError, match="algo.name: 'mean' is not one of"):
+        AlgoConfig(name="mean")

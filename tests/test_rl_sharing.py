@@ -18,7 +18,7 @@ from memr1.llm.loading import load_tokenizer
 from memr1.llm.lora import apply_lora
 from memr1.llm.sampling import SamplingConfig
 from memr1.llm.testing import tiny_causal_lm
-from memr1.config import AlgoConfig
+from memr1.rl.algorithms import AlgoConfig
 from memr1.modules.base import RLModule
 from memr1.rl.batch import pack_rollouts, response_logprobs, shared_prompt_logits
 

@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader
 
-from memr1.config import AlgoConfig
+from memr1.rl.algorithms import AlgoConfig
 from memr1.envs.base import Reward
 from memr1.llm.engines import HFEngine
 from memr1.llm.loading import load_tokenizer

@@ -78,7 +78,7 @@ def test_every_stage_of_every_schedule_composes_and_passes_the_typed_checks(name
             cfg = compose(stage.script.removesuffix(".py"), overrides=overrides)
         check_typed_groups(cfg, TRAIN_GROUPS if stage.script == "train.py" else EVALUATE_GROUPS)
         if stage.script == "train.py" and cfg.model.get("credit") == "counterfactual":
-            assert cfg.algo.baseline == "none", stage.name
+            assert cfg.algo.name == "reinforce", stage.name
 
 
 def write_report(directory: Path, f1: float, words: float) -> None:

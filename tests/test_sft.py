@@ -13,7 +13,7 @@ from lightning.pytorch import Trainer
 
 from memr1.agents.answer import AnswerAgent
 from memr1.agents.manager import ManagerAgent
-from memr1.config import AlgoConfig
+from memr1.rl.algorithms import AlgoConfig
 from memr1.envs.answer import AnswerEnv, AnswerState
 from memr1.envs.manager import ManagerState
 from memr1.llm.engines import encode_prompts

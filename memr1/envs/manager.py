@@ -85,7 +85,7 @@ class ManagerEnv:
         a tenth of one correct answer it never outweighs answering right.
     credit: "outcome" (the paper: the answers' score) or "counterfactual" (minus the state's NOOP score).
         A constant per state, the NOOP score cancels in GRPO's group-normalised advantage: pair it with
-        `algo.baseline=none`, where it is the baseline.
+        `algo=reinforce`, where it is the baseline.
     """
 
     def __init__(

@@ -32,6 +32,7 @@ from transformers import Cache, DynamicCache, PreTrainedModel, PreTrainedTokeniz
 
 from memr1.interrupt import raise_if_requested
 from memr1.llm.padding import left_pad, position_ids_from_attention_mask
+from memr1.llm.precision import FP32, Precision
 from memr1.llm.sampling import SamplingConfig, choose_tokens, cut_at_first_stop
 from memr1.llm.trunk import record_trunk
 
@@ -131,6 +132,8 @@ class HFEngine:
     left-padded and masked, with position ids counted over real tokens, so a batched response equals
     the one generated alone (up to float rounding).
     The model is run under `torch.no_grad()` in eval mode; its previous mode is restored afterwards.
+    `precision`: the dtype its forwards compute in (bf16 autocast where the machine has bf16 units,
+    `memr1.llm.precision`); the sampling distribution and the recorded log-probs are fp32.
     """
 
     def __init__(
@@ -139,6 +142,7 @@ class HFEngine:
         tokenizer: PreTrainedTokenizerBase,
         batch_size: int = 8,
         eos_token_ids: Sequence[int] | None = None,
+        precision: Precision = FP32,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"HFEngine.batch_size: must be >= 1, got {batch_size}")
@@ -149,6 +153,7 @@ class HFEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.precision = precision
         self.eos_token_ids = (
             frozenset(eos_token_ids) if eos_token_ids is not None else default_eos_token_ids(tokenizer, model)
         )
@@ -174,7 +179,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), self.precision.autocast(device):
                 for start in range(0, len(requests), self.batch_size):
                     batch = requests[start : start + self.batch_size]
                     generations = self._generate_batch(

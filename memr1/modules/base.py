@@ -21,29 +21,43 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, replace
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from lightning.pytorch import LightningModule
 from torch import nn
 
-from memr1.config import AlgoConfig
 from memr1.envs.base import Environment, Reward
 from memr1.interrupt import raise_if_requested
-from memr1.llm.engines import GenerationEngine, HFEngine
+from memr1.llm.engines import Generation, GenerationEngine, HFEngine
+from memr1.llm.precision import FP32, Precision
 from memr1.llm.sampling import SamplingConfig
 from memr1.llm.sharding import clip_grad_norm, is_sharded
 from memr1.llm.trunk import frozen_trunk_depth
 from memr1.modules.held_out import HeldOutRewards
 from memr1.rl import core
+from memr1.rl.algorithms import AlgoConfig
 from memr1.rl.batch import RolloutBatch, pack_rollouts, response_logprobs, response_values, trunk_hidden_states
+from memr1.rl.update import update_actor_critic
+
+
+@runtime_checkable
+class ExtraStates(Protocol):
+    """A data module that can draw more training states for a step (dynamic sampling): draw `draw`
+    (1, 2, ...) of step `step`, this rank's share, the same in a resumed run."""
+
+    def extra_states(self, step: int, draw: int) -> list[Any]: ...
 
 class RLModule(HeldOutRewards, LightningModule):
-    """Trains `policy` on `env` with PPO (a `critic` is required) or GRPO (no critic).
+    """Trains `policy` on `env` with the algorithm `algo.name` names (`memr1.rl.algorithms`): PPO needs
+    a `critic` (a value model), the others none.
 
     `reference` is the frozen policy of the KL term; None with a peft policy means "the same model with
     its adapters disabled" (no second copy), None otherwise means no KL term can be computed.
+    `precision`: the dtype the rollout, the scoring forwards and the update compute in (bf16 autocast
+    where the machine has bf16 units, `memr1.llm.precision`); log-softmax, losses and optimiser state
+    stay fp32.
     """
 
     def __init__(
@@ -60,21 +74,28 @@ class RLModule(HeldOutRewards, LightningModule):
         probe_every_n_steps: int = 0,
         val_sampled_reward: bool = False,
         max_new_tokens: int = 256,
+        precision: Precision = FP32,
     ) -> None:
         super().__init__()
-        if algo.name == "ppo" and critic is None:
-            raise ValueError("algo=ppo needs a critic (a value model)")
+        self.algorithm = algo.algorithm
+        if self.algorithm.needs_critic and critic is None:
+            raise ValueError(f"algo={algo.name}: {self.algorithm.title} needs a critic (a value model)")
         self.policy = policy.train()
-        self.critic = critic.train() if critic is not None and algo.name == "ppo" else None
+        self.critic = critic.train() if critic is not None and self.algorithm.needs_critic else None
         self.reference = reference.eval() if reference is not None else None
         self.tokenizer = tokenizer
         self.env = env
         self.algo = algo
         self.max_new_tokens = max_new_tokens  # the trained agent's decoding cap (answer/manager.max_new_tokens)
         self.seed = seed
+        self.precision = precision
         # None: the policy samples for itself. A vLLM engine is set by train.py and kept in sync.
-        self.engine = engine or HFEngine(policy, tokenizer, batch_size=max(algo.micro_batch_size, 8))
+        self.engine = engine or HFEngine(policy, tokenizer, batch_size=max(algo.micro_batch_size, 8), precision=precision)
+        # The sampler's log-probs are pi_old's when the policy sampled for itself in fp32 (the HF engine's
+        # equal a forward pass within 1e-4). vLLM's, and bf16 decoding's (a token at a time rounds
+        # differently from the update's whole-sequence forward), are recomputed by the update's forward.
         self._policy_samples_itself = engine is None
+        self._reuse_sampler_logprobs = engine is None and precision.is_fp32
         self.automatic_optimization = False
         self.skipped_steps = 0  # optimiser steps dropped for a non-finite gradient norm
         self._stage_seconds: dict[str, float] = {}  # of the current step: rollout, update, ...
@@ -129,19 +150,21 @@ class RLModule(HeldOutRewards, LightningModule):
         """Greedy, to the agent's `max_new_tokens`: how evaluate.py decodes the same agent."""
         return SamplingConfig.greedy_up_to(self.max_new_tokens)
 
-    def rollout_sampling(self) -> SamplingConfig:
+    def rollout_sampling(self, draw: int = 0) -> SamplingConfig:
+        """`draw`: dynamic sampling's extra rollout batches of the step (0: the step's own)."""
         return SamplingConfig(
             max_new_tokens=self.max_new_tokens,
             temperature=self.algo.temperature,
             top_p=self.algo.top_p,
-            n=self.algo.group_size if self.algo.name == "grpo" else 1,
-            # A seed per step: a resumed run samples exactly what the unbroken run sampled.
-            seed=self.seed * 1_000_003 + self.global_step,
+            n=self._group,
+            # A seed per step (and draw): a resumed run samples exactly what the unbroken run sampled.
+            seed=self.seed * 1_000_003 + self.global_step + 7_919 * draw,
         )
 
-    def rollout(self, states: Sequence[Any]) -> tuple[RolloutBatch, list[Reward]]:
-        """Sample, score and pack: rows are grouped by state, `len(batch) // len(states)` per state."""
-        sampling = self.rollout_sampling()
+    def sample(self, states: Sequence[Any], draw: int = 0) -> list[tuple[Generation, Reward]]:
+        """Each state's `_group` samples, in state order, each with its reward (overlong shaping
+        included, `algo.overlong_buffer`)."""
+        sampling = self.rollout_sampling(draw)
         was_training = self.policy.training
         self.policy.eval()
         started = time.perf_counter()
@@ -150,35 +173,88 @@ class RLModule(HeldOutRewards, LightningModule):
         with torch.no_grad():
             outputs = self.engine.generate([self.env.prompt(state) for state in states], sampling, **record)
         self.policy.train(was_training)
-        self._stage_seconds["rollout"] = time.perf_counter() - started
+        self._add_seconds("rollout", started)
         rows = [(state, sample) for state, samples in zip(states, outputs) for sample in samples]
         started = time.perf_counter()
         rewards = self.env.score([state for state, _ in rows], [sample.text for _, sample in rows])
-        self._stage_seconds["reward"] = time.perf_counter() - started
-        batch = pack_rollouts(
-            [sample.prompt_ids for _, sample in rows],
-            [sample.response_ids for _, sample in rows],
-            [reward.score for reward in rewards],
+        self._add_seconds("reward", started)
+        overlong = self.algo.overlong_buffer
+        if self.algorithm.trains_on_rollouts and overlong.enable:
+            lengths = torch.tensor([len(sample.response_ids) for _, sample in rows])
+            penalties = core.overlong_penalty(lengths, self.max_new_tokens, min(overlong.len, self.max_new_tokens), overlong.penalty_factor)
+            rewards = [
+                replace(reward, score=reward.score + float(penalty), info={**reward.info, "overlong_penalty": float(penalty)})
+                for reward, penalty in zip(rewards, penalties.tolist())
+            ]
+        return [(sample, reward) for (_, sample), reward in zip(rows, rewards)]
+
+    def rollout(self, states: Sequence[Any]) -> tuple[RolloutBatch, list[Reward]]:
+        """Sample, score and pack: rows are grouped by state, `_group` per state. With
+        `algo.filter_groups`, groups without reward spread are replaced by groups of extra states."""
+        rows = self.sample(states)
+        if self.algorithm.flat_groups_are_zero and self.algo.filter_groups.enable:
+            rows = self._keep_groups_with_spread(rows, len(states))
+        return self._pack(rows), [reward for _, reward in rows]
+
+    def _pack(self, rows: Sequence[tuple[Generation, Reward]]) -> RolloutBatch:
+        record = self._trunk_depth and self._policy_samples_itself
+        return pack_rollouts(
+            [sample.prompt_ids for sample, _ in rows],
+            [sample.response_ids for sample, _ in rows],
+            [reward.score for _, reward in rows],
             self.tokenizer.pad_token_id,
-            # The policy sampled for itself: its rollout log-probs are pi_old's (the HF engine's equal a
-            # forward pass within 1e-4), so the recomputing forward is skipped. vLLM's are recomputed.
-            logprobs=[sample.logprobs for _, sample in rows] if self._policy_samples_itself else None,
-            trunk_hidden=[sample.trunk_hidden for _, sample in rows] if record else None,
-        )
-        return batch.to(self.device), rewards
+            logprobs=[sample.logprobs for sample, _ in rows] if self._reuse_sampler_logprobs else None,
+            trunk_hidden=[sample.trunk_hidden for sample, _ in rows] if record else None,
+        ).to(self.device)
+
+    def _keep_groups_with_spread(self, rows: list[tuple[Generation, Reward]], wanted: int) -> list[tuple[Generation, Reward]]:
+        """DAPO's dynamic sampling: keep the groups whose rewards differ, drawing more states (from the
+        data module's `extra_states`) until `wanted` groups are kept or `max_num_gen_batches` batches
+        were drawn. Every rank keeps the same number of groups (so that they step together); a step
+        that kept none trains on its first batch as plain GRPO would (no policy gradient)."""
+        source = self.trainer.datamodule if self.trainer is not None else None
+        if not isinstance(source, ExtraStates):
+            raise ValueError("algo.filter_groups.enable: the data module cannot draw extra states (it has no extra_states)")
+        group, cap = self._group, self.algo.filter_groups.max_num_gen_batches
+        drawn_groups, kept, draw = 0, [], 0
+        started = time.perf_counter()
+        batch = rows
+        while True:
+            groups = [batch[start : start + group] for start in range(0, len(batch), group)]
+            drawn_groups += len(groups)
+            kept += [g for g in groups if len({reward.score for _, reward in g}) > 1]
+            draw += 1
+            if len(kept) >= wanted or (cap and draw >= cap):
+                break
+            batch = self.sample(source.extra_states(self.global_step, draw), draw)
+        kept_here = min(len(kept), wanted)
+        kept_everywhere = int(self.all_gather(torch.tensor(kept_here, device=self.device)).min())
+        self._filter_stats = {
+            "filter/groups_drawn": float(drawn_groups),
+            "filter/groups_kept": float(kept_everywhere),
+            "filter/gen_batches": float(draw),
+            "time/extra_rollout_s": time.perf_counter() - started,
+        }
+        if kept_everywhere == 0:
+            return rows
+        return [row for g in kept[:kept_everywhere] for row in g]
+
+    def _add_seconds(self, stage: str, started: float) -> None:
+        self._stage_seconds[stage] = self._stage_seconds.get(stage, 0.0) + time.perf_counter() - started
 
     # -- forward passes without gradients -----------------------------------------------------------
     @property
     def _group(self) -> int:
         """Rows per state: consecutive rows of a rollout batch share a prompt."""
-        return self.algo.group_size if self.algo.name == "grpo" else 1
+        return self.algorithm.samples_per_state(self.algo)
 
     @property
     def _sharing(self) -> bool:
-        return self.algo.share_prompt and self._group > 1
+        return self._group > 1 and self.algo.share_prompt
 
     def _micro(self, batch: RolloutBatch) -> Iterator[RolloutBatch]:
         # Sharing a prompt needs its whole group in one micro-batch: micro_batch_size rounded to groups.
+        # The loss is normalised over the whole mini-batch, so the rounding changes no gradient.
         size = self._group * max(1, self.algo.micro_batch_size // self._group) if self._sharing else self.algo.micro_batch_size
         return batch.minibatches(size)
 
@@ -214,7 +290,7 @@ class RLModule(HeldOutRewards, LightningModule):
             )
         if batch.old_logprobs is None:
             batch.old_logprobs = torch.cat([self._logprobs(self.policy, mb)[0] for mb in self._micro_checked(batch)])
-        if self.algo.name == "grpo" and self.algo.kl_coef > 0:
+        if self.algorithm.uses_reference(self.algo):
             with self._reference() as reference:
                 batch.ref_logprobs = torch.cat([self._logprobs(reference, mb)[0] for mb in self._micro_checked(batch)])
         if self.critic is not None:
@@ -233,87 +309,55 @@ class RLModule(HeldOutRewards, LightningModule):
         else:
             raise ValueError("the KL term needs a reference policy: pass reference= or train with LoRA")
 
-    # -- advantages -----------------------------------------------------------------------------------
     def _advantages(self, batch: RolloutBatch, group_ids: Sequence[int]) -> None:
-        mask = batch.response_mask.float()
-        if self.algo.name == "ppo":
-            token_rewards = core.outcome_to_token_rewards(batch.scores, mask)
-            batch.advantages, batch.returns = core.compute_gae(
-                token_rewards, batch.old_values, mask, gamma=self.algo.gamma, lam=self.algo.lam
-            )
-        elif self.algo.baseline == "none":  # the environment's reward carries its own baseline
-            batch.advantages = core.broadcast_to_tokens(batch.scores.float(), mask)
-        else:
-            per_sequence = core.group_advantages(
-                batch.scores, torch.as_tensor(group_ids), norm_by_std=self.algo.norm_adv_by_std
-            )
-            batch.advantages = core.broadcast_to_tokens(per_sequence, mask)
+        batch.advantages, returns = self.algorithm.advantages(
+            batch.scores, batch.response_mask, torch.as_tensor(group_ids), batch.old_values, self.algo
+        )
+        if returns is not None:
+            batch.returns = returns
 
-    # -- update ---------------------------------------------------------------------------------------
+    # -- update (memr1.rl.update): the Learner's side ---------------------------------------------------
     def _update(self, batch: RolloutBatch) -> dict[str, float]:
-        actor_opt, critic_opt = self._optimizers()
-        mini_size = self.algo.mini_batch_size or len(batch)
-        stats: dict[str, list[float]] = {}
-
-        def note(name: str, value: torch.Tensor | float) -> None:
-            stats.setdefault(name, []).append(float(value))
-
         generator = torch.Generator().manual_seed(self.seed * 7919 + self.global_step)
-        # Shuffled by whole groups, so that a micro-batch can share its groups' prompts.
-        minibatches = [
-            mb for _ in range(self.algo.ppo_epochs) for mb in batch.minibatches(mini_size, generator, group_size=self._group)
-        ]
-        for position, minibatch in enumerate(minibatches):
-            # Until the first optimiser step a stop loses nothing; after it, the step is finished so that
-            # a checkpoint never holds weights halfway through one.
-            micros = self._micro_checked(minibatch) if position == 0 else self._micro(minibatch)
-            for micro in micros:
-                weight = len(micro) / len(minibatch)
-                mask = micro.response_mask.float()
-                logprobs, entropy = self._logprobs(self.policy, micro, with_entropy=True)
-                pg_loss, pg_stats = core.policy_loss(
-                    logprobs,
-                    micro.old_logprobs,
-                    micro.advantages,
-                    mask,
-                    clip_ratio_low=self.algo.clip_ratio_low,
-                    clip_ratio_high=self.algo.clip_ratio_high,
-                    clip_ratio_c=self.algo.clip_ratio_c,
-                    loss_agg_mode=self.algo.loss_agg_mode,
-                )
-                entropy_loss = core.aggregate_loss(entropy, mask, self.algo.loss_agg_mode)
-                loss = pg_loss - self.algo.entropy_coef * entropy_loss
-                if micro.ref_logprobs is not None:
-                    kl = core.aggregate_loss(
-                        core.kl_penalty(logprobs, micro.ref_logprobs, self.algo.kl_kind), mask, self.algo.loss_agg_mode
-                    )
-                    loss = loss + self.algo.kl_coef * kl
-                    note("kl", kl.detach())
-                self.manual_backward(loss * weight)
-                note("policy_loss", pg_loss.detach())
-                note("entropy", entropy_loss.detach())
-                for key, value in pg_stats.items():
-                    note(key, value)
-                if self.algo.ppo_epochs > 1:  # is the clip active in the later epochs? (the first is on-policy)
-                    epoch = position * self.algo.ppo_epochs // len(minibatches)
-                    note(f"clip_frac/epoch{epoch}", pg_stats["clip_frac"])
-                    note(f"approx_kl/epoch{epoch}", pg_stats["approx_kl"])
-                if self.critic is not None:
-                    values = response_values(self.critic, micro)
-                    v_loss, v_clip = core.value_loss(
-                        values, micro.old_values, micro.returns, mask, self.algo.value_clip, self.algo.loss_agg_mode
-                    )
-                    self.manual_backward(v_loss * weight)
-                    note("value_loss", v_loss.detach())
-                    note("value_clip_frac", v_clip)
-            # Lightning counts every LightningOptimizer.step as a global step; one RL step is one
-            # rollout batch, so only the batch's last actor step goes through it, the others
-            # (earlier mini-batches, the critic) step the wrapped torch optimiser directly.
-            last = position == len(minibatches) - 1
-            if critic_opt is not None:
-                note("critic_grad_norm", self._step(critic_opt.optimizer, self.critic))
-            note("grad_norm", self._step(actor_opt if last else actor_opt.optimizer, self.policy))
-        return {name: sum(values) / len(values) for name, values in stats.items()}
+        return update_actor_critic(
+            self, batch, self.algo, generator, self._group, self.critic is not None)
+
+    def policy_logprobs(self, micro: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        logprobs, entropy = self._logprobs(self.policy, micro, with_entropy=True)
+        assert entropy is not None  # asked for
+        return logprobs, entropy
+
+    def critic_values(self, micro: RolloutBatch) -> torch.Tensor:
+        assert self.critic is not None
+        return response_values(self.critic, micro)
+
+    def micro_batches(self, minibatch: RolloutBatch, interruptible: bool) -> Iterator[RolloutBatch]:
+        return self._micro_checked(minibatch) if interruptible else self._micro(minibatch)
+
+    def denominator(self, response_mask: torch.Tensor) -> core.LossDenominator:
+        """The mini-batch's token and sequence counts over every rank (DDP averages the ranks'
+        gradients, so each rank's share is scaled by their number); the constant length of
+        `seq-mean-token-sum-norm` is the agent's `max_new_tokens`."""
+        mask = response_mask.float()
+        counts = torch.stack([mask.sum(), (mask.sum(dim=-1) > 0).sum().float()])
+        ranks = self.trainer.world_size if self._trainer is not None else 1
+        if ranks > 1:
+            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
+        return core.LossDenominator(float(counts[0]), float(counts[1]), ranks, self.max_new_tokens)
+
+    def accumulate(self, loss: torch.Tensor) -> None:
+        self.manual_backward(loss)
+
+    def step_actor(self, last: bool) -> float:
+        # Lightning counts every LightningOptimizer.step as a global step; one RL step is one rollout
+        # batch, so only the batch's last actor step goes through it, the others (earlier mini-batches)
+        # step the wrapped torch optimiser directly.
+        actor = self._optimizers()[0]
+        return self._step(actor if last else actor.optimizer, self.policy)
+
+    def step_critic(self) -> float:
+        critic = self._optimizers()[1]
+        return self._step(critic.optimizer, self.critic)
 
     def _step(self, optimizer: Any, module: nn.Module) -> float:
         """Clip and step; a gradient whose norm is not finite is dropped and counted instead (verl's
@@ -344,16 +388,18 @@ class RLModule(HeldOutRewards, LightningModule):
         raise_if_requested()
 
     def training_step(self, states: list[Any], batch_idx: int) -> None:
-        self._stage_seconds = {}
-        batch, rewards = self.rollout(states)
+        self._stage_seconds, self._filter_stats = {}, {}
+        batch, rewards = self.rollout(states)  # the engine decodes in its own precision
         self.last_rollout = (batch, rewards)  # read by SampleLog and by tests
-        group_ids = [index for index, _ in enumerate(states) for _ in range(len(batch) // len(states))]
+        group_ids = [index for index in range(len(batch) // self._group) for _ in range(self._group)]
         started = time.perf_counter()
-        self._score_batch(batch)
-        self._advantages(batch, group_ids)
-        update_stats = self._update(batch)
+        with self.precision.autocast(self.device):
+            self._score_batch(batch)
+            self._advantages(batch, group_ids)
+            update_stats = self._update(batch)
         self._stage_seconds["update"] = time.perf_counter() - started
         metrics = self._step_metrics(batch, rewards, group_ids, update_stats)
+        metrics.update(self._filter_stats)
         metrics.update(self.probe_metrics())
         self.step_metrics = dict(metrics)  # the step's row of metrics.csv and of the console line
         self.log("reward/mean", metrics.pop("reward/mean"), on_step=True, prog_bar=True, batch_size=len(batch))
@@ -369,11 +415,13 @@ class RLModule(HeldOutRewards, LightningModule):
         metrics.update({f"critic/{name}": value for name, value in update.items() if name.startswith(("value", "critic"))})
         metrics["reward/mean"] = float(scores.mean())
         metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
-        groups: dict[int, list[float]] = {}
-        for gid, score in zip(group_ids, scores.tolist()):
-            groups.setdefault(gid, []).append(score)
-        if self.algo.name == "grpo":
-            metrics["reward/zero_std_group_frac"] = sum(max(g) == min(g) for g in groups.values()) / len(groups)
+        if self._group > 1:
+            spread = core.groups_with_spread(scores, torch.as_tensor(group_ids))
+            metrics["reward/zero_std_group_frac"] = float((~spread).float().mean())
+        if self.algo.overlong_buffer.enable:
+            penalties = [float(r.info.get("overlong_penalty", 0.0)) for r in rewards]
+            metrics["reward/overlong_frac"] = sum(p < 0 for p in penalties) / len(penalties)
+            metrics["reward/overlong_penalty_mean"] = sum(penalties) / len(penalties)
         advantages = core.masked_mean(batch.advantages, mask)
         metrics["advantage/mean"] = float(advantages)
         metrics["advantage/max"] = float(batch.advantages[mask.bool()].max()) if mask.any() else 0.0

@@ -55,18 +55,21 @@ class SupervisedStep(RLModule):
         teacher_s = time.perf_counter() - started
         optimizer = self._optimizers()[0]
         started = time.perf_counter()
-        losses = []
-        for micro in batch.minibatches(self.algo.micro_batch_size):
-            raise_if_requested()  # before the optimizer step nothing has changed: a stop loses nothing
-            mask = micro.response_mask.float()
-            logprobs, _ = response_logprobs(self.policy, micro, share_prompt=False)
-            loss = core.sft_loss(logprobs, mask, self.algo.loss_agg_mode)
-            self.manual_backward(loss * len(micro) / len(batch))
-            losses.append(float(loss.detach()) * len(micro) / len(batch))
+        # Each micro-batch's loss over the whole batch's tokens (all ranks): the sum is the batch's loss,
+        # whatever the micro-batch size.
+        denominator = self.denominator(batch.response_mask)
+        loss_sum = 0.0
+        with self.precision.autocast(self.device):
+            for micro in batch.minibatches(self.algo.micro_batch_size):
+                raise_if_requested()  # before the optimizer step nothing has changed: a stop loses nothing
+                logprobs, _ = response_logprobs(self.policy, micro, share_prompt=False)
+                loss = core.sft_loss(logprobs, micro.response_mask.float(), self.algo.loss_agg_mode, denominator)
+                self.manual_backward(loss)
+                loss_sum += float(loss.detach()) / denominator.ranks
         grad_norm = self._step(optimizer, self.policy)
         lengths = batch.response_mask.float().sum(dim=1)
         metrics = {
-            "sft/loss": sum(losses),
+            "sft/loss": loss_sum,
             "sft/truncated_frac": truncated / len(states),
             "actor/grad_norm": grad_norm,
             "actor/lr": float(optimizer.param_groups[0]["lr"]),
@@ -84,8 +87,10 @@ class SupervisedStep(RLModule):
     def sft_loss_of(self, states: list[Any]) -> float:
         """The SFT loss of `states` under the current policy, without a step (tests, diagnostics)."""
         batch, _ = self.sft_batch(states)
-        logprobs, _ = response_logprobs(self.policy, batch, share_prompt=False)
-        return float(core.sft_loss(logprobs, batch.response_mask.float(), self.algo.loss_agg_mode))
+        with self.precision.autocast(self.device):
+            logprobs, _ = response_logprobs(self.policy, batch, share_prompt=False)
+        denominator = core.LossDenominator.of(batch.response_mask, norm_length=self.max_new_tokens)
+        return float(core.sft_loss(logprobs, batch.response_mask.float(), self.algo.loss_agg_mode, denominator))
 
 
 class AnswerSFTModule(SupervisedStep, AnswerRLModule):

@@ -23,7 +23,7 @@ from memr1.banks.recipe import bank_recipe, open_or_build_banks, store_location
 from memr1.datasets.locomo_file import load_locomo_split
 from memr1.datasets.registry import category_names, load_dataset
 from memr1.embed import Embedder
-from memr1.factories import ModelCache, answer_agent, answer_config, banks_config, make_judge, manager_config, memory_policy
+from memr1.factories import ModelCache, answer_agent, answer_config, banks_config, make_judge, manager_config, memory_policy, run_precision
 from memr1.llm.sampling import SamplingConfig
 from memr1.pipeline.answering import Prediction, answer_questions
 from memr1.pipeline.extraction import extract_facts
@@ -103,7 +103,7 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     answer = answer_config(cfg)
     recipe = bank_recipe(cfg)
     banks_cfg = banks_config(cfg)
-    models = ModelCache(cfg.backbone, cfg.engine, answer.batch_size)
+    models = ModelCache(cfg.backbone, cfg.engine, answer.batch_size, run_precision(cfg))
     embedder = Embedder()
     facts_cache = store_location(recipe, banks_cfg.dir, banks_cfg.uri)[1].with_suffix(".facts.jsonl")
     items = memory_items_for(cfg, conversations, models, facts_cache, timer)

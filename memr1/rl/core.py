@@ -14,16 +14,11 @@ Conventions (those of verl's ``core_algos.py``):
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Literal
-
+from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from memr1.config import LOSS_AGG_MODES, LossAggMode
-
-KLKind = Literal["k1", "k2", "k3", "low_var_kl", "abs"]
-
-KL_KINDS: tuple[str, ...] = KLKind.__args__
+from memr1.config import KL_KINDS, LOSS_AGG_MODES, KLKind, LossAggMode
 
 
 def _require_same_shape(**tensors: Tensor) -> None:
@@ -95,8 +90,37 @@ def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: fl
 # --- loss aggregation ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class LossDenominator:
+    """What a mini-batch's loss is divided by, counted once over the whole mini-batch: every
+    micro-batch and every rank (verl's global batch info). With it, each micro-batch's share of the
+    loss is its sum over this denominator, so the accumulated gradient does not depend on how the rows
+    were split into micro-batches or ranks.
+
+    tokens: valid response tokens of the mini-batch; sequences: its rows with at least one valid
+    token; ranks: the data-parallel processes whose gradients are averaged (the all-reduce divides by
+    it, so each rank's share is multiplied back); norm_length: `seq-mean-token-sum-norm`'s constant
+    length (the generation budget).
+    """
+
+    tokens: float
+    sequences: float
+    ranks: int = 1
+    norm_length: int | None = None
+
+    @staticmethod
+    def of(response_mask: Tensor, ranks: int = 1, norm_length: int | None = None) -> LossDenominator:
+        """The denominator of one process's whole mini-batch `response_mask` (bs, L)."""
+        mask = response_mask.float()
+        return LossDenominator(float(mask.sum()), float((mask.sum(dim=-1) > 0).sum()), ranks, norm_length)
+
+
 def aggregate_loss(
-    loss_mat: Tensor, mask: Tensor, mode: LossAggMode = "token-mean", norm_length: int | None = None
+    loss_mat: Tensor,
+    mask: Tensor,
+    mode: LossAggMode = "token-mean",
+    norm_length: int | None = None,
+    denominator: LossDenominator | None = None,
 ) -> Tensor:
     """Reduce a per-token loss (bs, L) with its mask (bs, L) to a scalar.
 
@@ -108,31 +132,47 @@ def aggregate_loss(
       across batches), then mean over sequences. verl sums over sequences here; the mean keeps the
       scale independent of the batch size (it is verl's value divided by bs).
 
-    Sequence means run over the sequences with at least one valid token.
+    Sequence means run over the sequences with at least one valid token. With a `denominator` the
+    batch is one micro-batch of a larger mini-batch: the sums above are divided by the whole
+    mini-batch's token or sequence count (times its ranks) instead of this batch's own, so the losses of
+    all its micro-batches add up to the mini-batch's loss; `denominator.norm_length`, when set, is the
+    constant length.
     """
     _require_rank(loss_mat, "loss_mat", 2, "(bs, L)")
     _require_same_shape(loss_mat=loss_mat, mask=mask)
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode: unknown mode {mode!r}; expected one of {LOSS_AGG_MODES}")
+    if denominator is not None and denominator.norm_length is not None:
+        norm_length = denominator.norm_length
     if mode == "token-mean":
-        return masked_mean(loss_mat, mask)
+        if denominator is None:
+            return masked_mean(loss_mat, mask)
+        return masked_sum(loss_mat, mask) * denominator.ranks / max(denominator.tokens, 1.0)
     has_tokens = mask.to(loss_mat.dtype).sum(dim=-1) > 0
     if mode == "seq-mean-token-sum":
         per_sequence = masked_sum(loss_mat, mask, dim=-1)
     elif mode == "seq-mean-token-mean":
         per_sequence = masked_mean(loss_mat, mask, dim=-1)
-    elif mode == "seq-mean-token-sum-norm":
+    else:  # seq-mean-token-sum-norm
         length = loss_mat.shape[-1] if norm_length is None else norm_length
         if length <= 0:
             raise ValueError(f"norm_length: must be positive, got {length}")
         per_sequence = masked_sum(loss_mat, mask, dim=-1) / length
-    else:
-        raise ValueError(f"loss_agg_mode: unknown mode {mode!r}; expected one of {LOSS_AGG_MODES}")
-    return masked_mean(per_sequence, has_tokens)
+    if denominator is None:
+        return masked_mean(per_sequence, has_tokens)
+    return masked_sum(per_sequence, has_tokens) * denominator.ranks / max(denominator.sequences, 1.0)
 
 
-def sft_loss(logprobs: Tensor, response_mask: Tensor, loss_agg_mode: LossAggMode = "token-mean") -> Tensor:
+def sft_loss(
+    logprobs: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: LossAggMode = "token-mean",
+    denominator: LossDenominator | None = None,
+) -> Tensor:
     """Memory-SFT's loss: the negative log-likelihood of the teacher's response tokens (bs, L) under
-    their mask (bs, L), aggregated like the RL losses; prompt tokens never enter it."""
-    return aggregate_loss(-logprobs, response_mask, loss_agg_mode)
+    their mask (bs, L), aggregated like the RL losses (over the whole mini-batch's `denominator` when
+    given); prompt tokens never enter it."""
+    return aggregate_loss(-logprobs, response_mask, loss_agg_mode, denominator=denominator)
 
 
 # --- rewards and advantages ------------------------------------------------------------------------
@@ -194,6 +234,15 @@ def compute_gae(
     return advantages * mask, returns
 
 
+def _group_ids(group_index: Tensor | Sequence[Hashable], scores: Tensor) -> Tensor:
+    if not isinstance(group_index, Tensor):
+        ids: dict[Hashable, int] = {}
+        group_index = torch.tensor([ids.setdefault(key, len(ids)) for key in group_index], dtype=torch.long)
+    if group_index.shape != scores.shape:
+        raise ValueError(f"group_index has shape {list(group_index.shape)} but scores has {list(scores.shape)}")
+    return group_index.to(scores.device)
+
+
 def group_advantages(
     scores: Tensor, group_index: Tensor | Sequence[Hashable], norm_by_std: bool = True, eps: float = 1e-6
 ) -> Tensor:
@@ -208,13 +257,8 @@ def group_advantages(
     whose scores are all equal.
     """
     _require_rank(scores, "scores", 1, "(bs,)")
-    if not isinstance(group_index, Tensor):
-        ids: dict[Hashable, int] = {}
-        group_index = torch.tensor([ids.setdefault(key, len(ids)) for key in group_index], dtype=torch.long)
-    if group_index.shape != scores.shape:
-        raise ValueError(f"group_index has shape {list(group_index.shape)} but scores has {list(scores.shape)}")
     scores = scores.float()
-    _, group, size = torch.unique(group_index.to(scores.device), return_inverse=True, return_counts=True)
+    _, group, size = torch.unique(_group_ids(group_index, scores), return_inverse=True, return_counts=True)
     size = size.to(scores.dtype)
     mean = torch.zeros_like(size).index_add_(0, group, scores) / size
     deviation = scores - mean[group]  # exactly 0 in a group of one
@@ -223,6 +267,46 @@ def group_advantages(
     squares = torch.zeros_like(size).index_add_(0, group, deviation.square())
     std = (squares / (size - 1).clamp(min=1)).sqrt()
     return deviation / (std[group] + eps)
+
+
+def leave_one_out_advantages(scores: Tensor, group_index: Tensor | Sequence[Hashable]) -> Tensor:
+    """RLOO advantages: each score against the mean of the *other* scores of its group.
+
+    scores: (bs,); group_index: (bs,) group ids -> (bs,) float32. ``A_i = r_i - (S_g - r_i) / (n_g - 1)``
+    ``= n_g / (n_g - 1) * (r_i - mean_g)``; a group of one sample gets 0.
+    """
+    _require_rank(scores, "scores", 1, "(bs,)")
+    scores = scores.float()
+    _, group, size = torch.unique(_group_ids(group_index, scores), return_inverse=True, return_counts=True)
+    size = size.to(scores.dtype)
+    total = torch.zeros_like(size).index_add_(0, group, scores)
+    others = (size - 1)[group]
+    return torch.where(others > 0, scores - (total[group] - scores) / others.clamp(min=1), torch.zeros_like(scores))
+
+
+def groups_with_spread(scores: Tensor, group_index: Tensor | Sequence[Hashable]) -> Tensor:
+    """Which rows belong to a group whose scores are not all equal: scores (bs,), group_index (bs,)
+    -> (bs,) bool. A flat group's group-relative advantages are all 0 (DAPO's dynamic sampling drops it)."""
+    _require_rank(scores, "scores", 1, "(bs,)")
+    _, group = torch.unique(_group_ids(group_index, scores), return_inverse=True)
+    groups = int(group.max()) + 1 if len(group) else 0
+    high = torch.full((groups,), -torch.inf, device=scores.device).scatter_reduce(0, group, scores.float(), "amax")
+    low = torch.full((groups,), torch.inf, device=scores.device).scatter_reduce(0, group, scores.float(), "amin")
+    return (high > low)[group]
+
+
+def overlong_penalty(response_lengths: Tensor, max_length: int, buffer_length: int, penalty_factor: float) -> Tensor:
+    """DAPO's soft overlong punishment: response_lengths (bs,) -> reward added (bs,), float32, <= 0.
+
+    With ``expected = max_length - buffer_length``, a response of length ``l`` gets
+    ``min(0, -(l - expected) / buffer_length * penalty_factor)``: 0 up to ``expected``, then falling
+    linearly to ``-penalty_factor`` at ``max_length``.
+    """
+    _require_rank(response_lengths, "response_lengths", 1, "(bs,)")
+    if not 0 < buffer_length <= max_length:
+        raise ValueError(f"buffer_length: must be in 1..{max_length} (the length cap), got {buffer_length}")
+    excess = response_lengths.float() - (max_length - buffer_length)
+    return (-excess / buffer_length * penalty_factor).clamp(max=0.0)
 
 
 def broadcast_to_tokens(per_sequence: Tensor, response_mask: Tensor) -> Tensor:
@@ -248,6 +332,7 @@ def policy_loss(
     clip_ratio_high: float = 0.2,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: LossAggMode = "token-mean",
+    denominator: LossDenominator | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate with dual clipping (the GRPO actor loss too).
 
@@ -256,7 +341,8 @@ def policy_loss(
     Per token, with ``ratio = exp(logprobs - old_logprobs)``:
     ``l = max(-A * ratio, -A * clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high))``, and for
     ``A < 0`` additionally ``l = min(l, -A * clip_ratio_c)``, which bounds the loss when a bad action
-    became far likelier. The token losses are aggregated with `aggregate_loss`.
+    became far likelier. The token losses are aggregated with `aggregate_loss` (over the mini-batch's
+    `denominator` when given).
 
     stats (detached scalars): ``clip_frac`` (tokens where the clipped term is the larger),
     ``dual_clip_frac`` (negative-advantage tokens bounded by ``clip_ratio_c``), ``approx_kl``
@@ -277,7 +363,7 @@ def policy_loss(
     dual_bound = -advantages * clip_ratio_c
     negative = advantages < 0
     losses = torch.where(negative, torch.minimum(ppo_losses, dual_bound), ppo_losses)
-    loss = aggregate_loss(losses, response_mask, loss_agg_mode)
+    loss = aggregate_loss(losses, response_mask, loss_agg_mode, denominator=denominator)
     with torch.no_grad():
         stats = {
             "clip_frac": masked_mean((clipped > unclipped).float(), response_mask),
@@ -294,6 +380,7 @@ def value_loss(
     response_mask: Tensor,
     clip_range: float = 0.5,
     loss_agg_mode: LossAggMode = "token-mean",
+    denominator: LossDenominator | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Clipped critic loss.
 
@@ -301,7 +388,7 @@ def value_loss(
 
     ``clipped = old_values + clip(values - old_values, -clip_range, clip_range)``;
     per token ``0.5 * max((values - returns)^2, (clipped - returns)^2)``, aggregated with
-    `aggregate_loss`. ``clip_frac`` (detached) is the share of tokens where the clipped error is the
+    `aggregate_loss` (over `denominator` when given). ``clip_frac`` (detached) is the share of tokens where the clipped error is the
     larger.
     """
     _require_rank(response_mask, "response_mask", 2, "(bs, L)")
@@ -309,7 +396,7 @@ def value_loss(
     clipped = old_values + (values - old_values).clamp(-clip_range, clip_range)
     unclipped_error = (values - returns).square()
     clipped_error = (clipped - returns).square()
-    loss = 0.5 * aggregate_loss(torch.maximum(unclipped_error, clipped_error), response_mask, loss_agg_mode)
+    loss = 0.5 * aggregate_loss(torch.maximum(unclipped_error, clipped_error), response_mask, loss_agg_mode, denominator=denominator)
     with torch.no_grad():
         clip_frac = masked_mean((clipped_error > unclipped_error).float(), response_mask)
     return loss, clip_frac

@@ -26,7 +26,7 @@ from memr1.envs.base import Reward
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.testing import tiny_causal_lm
 from memr1.llm.value import ValueModel
-from memr1.config import AlgoConfig
+from memr1.rl.algorithms import AlgoConfig
 from memr1.modules.base import RLModule
 
 PROMPTS = ["Say hello.", "Count to three.", "Name a colour.", "Name a dog.", "Spell cat.", "Add 2 and 2."]

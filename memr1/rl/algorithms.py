@@ -1,0 +1,266 @@
+"""The algorithms memr1 trains with, one object each in one registry (verl's `register_adv_est`):
+GRPO, Dr. GRPO, RLOO, REINFORCE, PPO and Memory-SFT.
+
+An algorithm owns what sets it apart: how many responses it samples per state, whether it needs a
+critic or a reference policy, how it turns rewards into advantages, which settings of `AlgoConfig` it
+reads, and the checks on them. Nothing else branches on `algo.name`: the RL module asks the algorithm.
+
+This file imports no torch (the advantages load `memr1.rl.core` when called), so `memr1.preflight`
+instantiates `AlgoConfig` and refuses a bad setting in about a second, before any model loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from memr1.config import KL_KINDS, LOSS_AGG_MODES
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+@dataclass
+class FilterGroups:
+    """DAPO's dynamic sampling (verl: `algorithm.filter_groups`): a group whose rewards are all equal
+    has zero advantage and teaches nothing; with `enable`, such groups are dropped and more states are
+    rolled out until the step has as many groups with spread as it asked for, or `max_num_gen_batches`
+    rollout batches were drawn (0: no cap)."""
+
+    enable: bool = False
+    max_num_gen_batches: int = 4
+
+    def __post_init__(self) -> None:
+        if self.max_num_gen_batches < 0:
+            raise ValueError(f"algo.filter_groups.max_num_gen_batches: must be >= 0, got {self.max_num_gen_batches}")
+
+
+@dataclass
+class OverlongBuffer:
+    """DAPO's overlong reward shaping (verl: `reward_model.overlong_buffer`): a response longer than
+    `max_new_tokens - len` loses `penalty_factor` x (its excess / `len`) of reward, growing linearly to
+    `penalty_factor` at the cap, so that length is discouraged before the cut, not punished by it."""
+
+    enable: bool = False
+    len: int = 16
+    penalty_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.len < 1:
+            raise ValueError(f"algo.overlong_buffer.len: must be >= 1, got {self.len}")
+        if self.penalty_factor < 0:
+            raise ValueError(f"algo.overlong_buffer.penalty_factor: must be >= 0, got {self.penalty_factor}")
+
+
+@dataclass
+class AlgoConfig:
+    """The `algo` group: which algorithm (`name`, a key of `ALGORITHMS`) and its hyper-parameters;
+    defaults are the paper's (verl's) unless a comment in conf/algo says why not. How long a response
+    may be is the agent's (`max_new_tokens` of `answer` / `manager`). A setting the chosen algorithm
+    does not read is listed in its `ignores`; `memr1.preflight` refuses it on the command line."""
+
+    name: str = "grpo"
+    group_size: int = 5              # samples per state of the group algorithms
+    temperature: float = 1.0         # rollout temperature (evaluation is greedy)
+    top_p: float = 1.0
+    actor_lr: float = 1e-6
+    critic_lr: float = 1e-5
+    weight_decay: float = 0.01
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0        # dual-clip bound for negative advantages
+    value_clip: float = 0.5
+    gamma: float = 1.0
+    lam: float = 1.0
+    kl_coef: float = 0.001           # KL to the reference policy in the loss
+    kl_kind: str = "low_var_kl"      # verl's k3
+    entropy_coef: float = 0.0
+    loss_agg_mode: str = "token-mean"
+    ppo_epochs: int = 1
+    mini_batch_size: int = 0         # sequences per optimiser step; 0 = the whole rollout batch
+    micro_batch_size: int = 2        # sequences per forward/backward (gradient accumulation)
+    grad_clip: float = 1.0
+    share_prompt: bool = True        # a group's prompt forwarded once, its KV cache shared
+    reuse_frozen_trunk: bool = True  # the layers below the adapters run once per token (memr1.llm.trunk)
+    filter_groups: FilterGroups = field(default_factory=FilterGroups)
+    overlong_buffer: OverlongBuffer = field(default_factory=OverlongBuffer)
+
+    def __post_init__(self) -> None:
+        # Hydra hands the nested groups over as mappings.
+        if isinstance(self.filter_groups, Mapping):
+            self.filter_groups = _nested(FilterGroups, "filter_groups", self.filter_groups)
+        if isinstance(self.overlong_buffer, Mapping):
+            self.overlong_buffer = _nested(OverlongBuffer, "overlong_buffer", self.overlong_buffer)
+        if self.name not in ALGORITHMS:
+            raise ValueError(f"algo.name: {self.name!r} is not one of {tuple(ALGORITHMS)}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"algo.micro_batch_size: must be >= 1, got {self.micro_batch_size}")
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"algo.loss_agg_mode: {self.loss_agg_mode!r} is not one of {LOSS_AGG_MODES}")
+        self.algorithm.validate(self)
+
+    @property
+    def algorithm(self) -> Algorithm:
+        return ALGORITHMS[self.name]
+
+
+def _nested(schema: type, key: str, values: Mapping[str, Any]) -> Any:
+    known = {f.name for f in fields(schema)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"algo.{key}.{unknown[0]}: no such key; the keys are {', '.join(sorted(known))}")
+    return schema(**dict(values))
+
+
+class Algorithm:
+    """One training algorithm. Subclasses set the class attributes and, where they differ, override
+    the methods; `register` adds an instance to `ALGORITHMS` under `name`."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]            # how messages name it
+    # The settings of AlgoConfig it does not read, each with the reason, which the refusal quotes.
+    ignores: ClassVar[Mapping[str, str]] = {}
+    trains_on_rollouts: ClassVar[bool] = True   # False: supervised (Memory-SFT)
+    needs_critic: ClassVar[bool] = False
+    # A group whose rewards are all equal has zero advantage (what dynamic sampling drops). False where
+    # a reward is its own advantage, so a per-state constant (counterfactual credit) survives.
+    flat_groups_are_zero: ClassVar[bool] = True
+
+    def samples_per_state(self, algo: AlgoConfig) -> int:
+        return algo.group_size if "group_size" not in self.ignores else 1
+
+    def uses_reference(self, algo: AlgoConfig) -> bool:
+        """A KL term to a frozen reference policy is in the loss."""
+        return "kl_coef" not in self.ignores and algo.kl_coef > 0
+
+    def validate(self, algo: AlgoConfig) -> None:
+        """Refuse values that cannot work with this algorithm (a ValueError naming the key)."""
+        if "group_size" not in self.ignores and algo.group_size < 2:
+            raise ValueError(f"algo.group_size: {self.title} compares the samples of a state, it needs at least 2; got {algo.group_size}")
+        if "kl_kind" not in self.ignores and algo.kl_kind not in KL_KINDS:
+            raise ValueError(f"algo.kl_kind: {algo.kl_kind!r} is not one of {KL_KINDS}")
+        if self.trains_on_rollouts and algo.ppo_epochs < 1:
+            raise ValueError(f"algo.ppo_epochs: must be >= 1, got {algo.ppo_epochs}")
+
+    def advantages(
+        self, scores: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None, algo: AlgoConfig
+    ) -> tuple[Tensor, Tensor | None]:
+        """Per-token advantages `(bs, L)` and, for a critic, its returns `(bs, L)` (else None), from
+        the outcome scores `(bs,)`, the response mask `(bs, L)`, each row's group `(bs,)` and the
+        critic's values `(bs, L)` (None without a critic)."""
+        from memr1.rl import core  # torch loads here, never in the preflight
+
+        return core.broadcast_to_tokens(self.sequence_advantages(scores, group_ids, core), response_mask), None
+
+    def sequence_advantages(self, scores: Tensor, group_ids: Tensor, core: Any) -> Tensor:
+        """One advantage per sequence `(bs,)` (outcome algorithms)."""
+        raise NotImplementedError(f"{self.title} has no outcome advantage")
+
+
+ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    if cls.name in ALGORITHMS:
+        raise ValueError(f"algorithm {cls.name!r} is registered twice")
+    ALGORITHMS[cls.name] = cls()
+    return cls
+
+
+_NO_CRITIC = "it has no critic (PPO's)"
+CRITIC_KEYS = {key: _NO_CRITIC for key in ("critic_lr", "value_clip", "gamma", "lam")}
+_ONE_SAMPLE = "it samples one response per state and has no group"
+GROUP_KEYS = {key: _ONE_SAMPLE for key in ("group_size", "share_prompt", "filter_groups")}
+_NO_ROLLOUT = "it trains on the teacher's targets: no rollout, no reward, no policy ratio"
+RL_KEYS = {
+    key: _NO_ROLLOUT
+    for key in (
+        "temperature", "top_p", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "kl_coef", "kl_kind",
+        "entropy_coef", "ppo_epochs", "mini_batch_size", "reuse_frozen_trunk", "overlong_buffer",
+    )
+}
+
+
+@register
+class GRPO(Algorithm):
+    """G samples per state; each reward against its group's mean, divided by the group's std."""
+
+    name, title = "grpo", "GRPO"
+    ignores = CRITIC_KEYS
+
+    def sequence_advantages(self, scores: Tensor, group_ids: Tensor, core: Any) -> Tensor:
+        return core.group_advantages(scores, group_ids, norm_by_std=True)
+
+
+@register
+class DrGRPO(GRPO):
+    """Dr. GRPO (Liu et al. 2025): the group mean without the std scaling, and a loss that is not
+    divided by each response's length (`seq-mean-token-sum-norm`, a constant length)."""
+
+    name, title = "dr_grpo", "Dr. GRPO"
+
+    def validate(self, algo: AlgoConfig) -> None:
+        super().validate(algo)
+        if algo.loss_agg_mode not in ("seq-mean-token-sum-norm", "seq-mean-token-sum"):
+            raise ValueError(
+                f"algo.loss_agg_mode={algo.loss_agg_mode}: Dr. GRPO does not normalise by response length; "
+                "use seq-mean-token-sum-norm (its default) or seq-mean-token-sum"
+            )
+
+    def sequence_advantages(self, scores: Tensor, group_ids: Tensor, core: Any) -> Tensor:
+        return core.group_advantages(scores, group_ids, norm_by_std=False)
+
+
+@register
+class RLOO(GRPO):
+    """REINFORCE leave-one-out (Ahmadian et al. 2024): each reward against the mean of the other
+    samples of its state."""
+
+    name, title = "rloo", "RLOO"
+
+    def sequence_advantages(self, scores: Tensor, group_ids: Tensor, core: Any) -> Tensor:
+        return core.leave_one_out_advantages(scores, group_ids)
+
+
+@register
+class Reinforce(GRPO):
+    """REINFORCE with the environment's own baseline: the reward is the advantage. For
+    `model.credit=counterfactual`, whose reward is already measured against doing nothing (NOOP); a
+    group baseline would cancel that per-state constant."""
+
+    name, title = "reinforce", "REINFORCE"
+    ignores = {**CRITIC_KEYS, "filter_groups": "its advantage is the reward itself: a flat group still has a gradient"}
+    flat_groups_are_zero = False
+
+    def sequence_advantages(self, scores: Tensor, group_ids: Tensor, core: Any) -> Tensor:
+        return scores.float()
+
+
+@register
+class PPO(Algorithm):
+    """PPO with a critic: one sample per state, GAE over the critic's values, no KL term in the loss
+    (verl's PPO default)."""
+
+    name, title = "ppo", "PPO"
+    ignores = {**GROUP_KEYS, "kl_coef": "it puts no KL term in its loss (verl's PPO)", "kl_kind": "it puts no KL term in its loss (verl's PPO)"}
+    needs_critic = True
+
+    def advantages(
+        self, scores: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None, algo: AlgoConfig
+    ) -> tuple[Tensor, Tensor | None]:
+        from memr1.rl import core
+
+        if values is None:
+            raise ValueError("PPO's advantages need the critic's values")
+        token_rewards = core.outcome_to_token_rewards(scores, response_mask.float())
+        return core.compute_gae(token_rewards, values, response_mask.float(), gamma=algo.gamma, lam=algo.lam)
+
+
+@register
+class SFT(Algorithm):
+    """Memory-SFT: the negative log-likelihood of the teacher's targets (`memr1.modules.sft`)."""
+
+    name, title = "sft", "Memory-SFT"
+    ignores = {**CRITIC_KEYS, **GROUP_KEYS, **RL_KEYS}
+    trains_on_rollouts = False
