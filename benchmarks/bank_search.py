@@ -29,7 +29,7 @@ from rich.table import Table  # noqa: E402
 from memr1.embed import Embedder  # noqa: E402
 from memr1.memory import MemoryBank  # noqa: E402
 from memr1.types import MemoryOp, OpKind  # noqa: E402
-from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
+from machine import machine_info, print_machine  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 DIM = 384
 K = 30
@@ -166,6 +166,7 @@ def main() -> None:
 
     embedder = Embedder()  # only the fork's ADD / UPDATE texts are embedded, outside the timings
     console = Console(width=150)
+    print_machine()
     load_before = os.getloadavg()[0]  # timings on a shared machine move with its load: keep it beside them
     results = []
     with tempfile.TemporaryDirectory(prefix="bank_search_") as workdir:

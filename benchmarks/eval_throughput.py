@@ -18,6 +18,11 @@ embedder's cache holds one text, so the two speakers of a question share one emb
     .venv/bin/python benchmarks/eval_throughput.py --quick         # 4 questions, batch 1 and 4, k 5, 16 tokens
     .venv/bin/python benchmarks/eval_throughput.py --out tp.json   # 24 questions, batch 1/4/8, k 5/10, 64 tokens
     .venv/bin/python benchmarks/eval_throughput.py --batch-sizes 1 16 --k-per-speaker 30 --max-new-tokens 256
+    .venv/bin/python benchmarks/eval_throughput.py --precisions fp32 auto   # bf16 where the CPU has the units
+
+With several `--precisions` every setting runs in each (the `precision` key: auto is bf16 autocast where
+the CPU has bf16 units); "vs fp32" divides by the fp32 row of the same k and batch, and the answers
+identical to fp32's are counted.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from memr1.embed import Embedder  # noqa: E402
 from memr1.llm.engines import Generation, GenerationEngine, Prompt  # noqa: E402
 from memr1.factories import build_engine  # noqa: E402
 from memr1.llm.loading import load_policy  # noqa: E402
+from memr1.llm.precision import choose_precision  # noqa: E402
 from memr1.llm.sampling import SamplingConfig  # noqa: E402
 from memr1.memory import BankLockedError, MemoryBank  # noqa: E402
 from memr1.pipeline.answering import answer_questions  # noqa: E402
@@ -53,7 +59,7 @@ from memr1.pipeline.evaluation import load_split, open_banks, select_questions  
 from memr1.banks.policies import AddAllPolicy  # noqa: E402
 from memr1.timing import StageTimer  # noqa: E402
 from memr1.types import Conversation, Question  # noqa: E402
-from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
+from machine import machine_info, print_machine  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SPLIT = "validation"
@@ -166,12 +172,13 @@ def render(rows: list[dict], max_new_tokens: int) -> Table:
     table = Table(
         title=f"evaluation throughput: LoCoMo {SPLIT} (conv-30), SmolLM2-135M, greedy, ≤{max_new_tokens} new tokens"
     )
-    columns = ("k", "batch", "questions", "total s", "questions/min", "search ms/question", "answer s/question")
-    for column in (*columns, "speed-up vs batch 1"):
+    columns = ("precision", "k", "batch", "questions", "total s", "questions/min", "search ms/question", "answer s/question")
+    for column in (*columns, "speed-up vs batch 1", "vs fp32", "answers = fp32's"):
         table.add_column(column, justify="right")
     for row in rows:
         search_only = row["batch"] is None
         table.add_row(
+            row["precision"],
             str(row["k"]),
             "search only" if search_only else str(row["batch"]),
             str(row["questions"]),
@@ -180,8 +187,22 @@ def render(rows: list[dict], max_new_tokens: int) -> Table:
             f"{row['search_ms_per_question']:.1f}",
             "—" if search_only else f"{row['answer_s_per_question']:.2f}",
             f"{row['speedup_vs_batch_1']:.2f}x",
+            f"{row['speedup_vs_fp32']:.2f}x" if "speedup_vs_fp32" in row else "—",
+            f"{row['same_output_as_fp32']:.0%}" if "same_output_as_fp32" in row else "—",
         )
     return table
+
+
+def add_precision_ratios(rows: list[dict]) -> None:
+    """Each non-fp32 row against the fp32 row of the same k and batch: speed-up and identical answers."""
+    fp32 = {(row["k"], row["batch"]): row for row in rows if row["precision"] == "fp32"}
+    for row in rows:
+        base = fp32.get((row["k"], row["batch"]))
+        if base is None or row is base:
+            continue
+        row["speedup_vs_fp32"] = row["questions_per_min"] / base["questions_per_min"]
+        if row["batch"] is not None:
+            row["same_output_as_fp32"] = sum(a == b for a, b in zip(row["outputs"], base["outputs"])) / len(row["outputs"])
 
 
 def main() -> None:
@@ -194,6 +215,8 @@ def main() -> None:
         "--k-per-speaker", type=int, nargs="+", help=f"memories retrieved per speaker (default {FULL.k_per_speaker})"
     )
     parser.add_argument("--max-new-tokens", type=int, help=f"answer length cap (default {FULL.max_new_tokens})")
+    parser.add_argument("--precisions", nargs="+", choices=("auto", "fp32", "bf16"), default=["auto"],
+                        help="the precision key: auto is bf16 where the CPU has bf16 units (compare with fp32)")
     parser.add_argument("--quick", action="store_true", help=f"defaults {QUICK}; explicit flags still win")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args()
@@ -206,12 +229,17 @@ def main() -> None:
         parser.error("--questions, --batch-sizes, --k-per-speaker and --max-new-tokens must be positive")
 
     console = Console(width=150)
+    print_machine()
     load_before = os.getloadavg()[0]  # timings on a shared machine move with its load: keep it beside them
     cfg = evaluation_config()
     conversations = load_split(cfg.data, SPLIT, cfg.conversations)
     model, tokenizer = load_policy(cfg.backbone.name_or_path, dtype=cfg.backbone.dtype)
-    # Engines differ only in how many prompts they decode together; they share the one model.
-    engines = {size: build_engine("hf", model=model, tokenizer=tokenizer, batch_size=size) for size in batch_sizes}
+    # Engines differ only in their precision and how many prompts they decode together; they share the model.
+    precisions = {setting: choose_precision(setting, "cpu") for setting in dict.fromkeys(args.precisions)}
+    engines_by_precision = {
+        setting: {size: build_engine("hf", model=model, tokenizer=tokenizer, batch_size=size, precision=precision) for size in batch_sizes}
+        for setting, precision in precisions.items()
+    }
     embedder = Embedder(cache_size=1)  # one text: a question's two speaker searches share its embedding
 
     rows = []
@@ -233,10 +261,14 @@ def main() -> None:
         warm_up = dataclasses.replace(
             work, questions=work.questions[:1], sampling=SamplingConfig(max_new_tokens=2, temperature=0.0)
         )
-        measure(warm_up, engines[1], min(ks), 1)
-        for k in ks:
-            rows.extend(run_k(work, engines, k, console))
+        for setting, engines in engines_by_precision.items():
+            chosen = precisions[setting].name
+            label = setting if setting == chosen else f"{setting} ({chosen})"
+            measure(warm_up, engines[1], min(ks), 1)
+            for k in ks:
+                rows.extend({"precision": label, **row} for row in run_k(work, engines, k, console))
     load_after = os.getloadavg()[0]
+    add_precision_ratios(rows)
 
     console.print(render(rows, max_new_tokens))
     agreement = [
@@ -257,6 +289,7 @@ def main() -> None:
             "backbone": cfg.backbone.name_or_path,
             "max_new_tokens": max_new_tokens,
             "answer_distill": cfg.answer.distill,
+            "precisions": {setting: precision.reason for setting, precision in precisions.items()},
             "bank": build,
         }
         results = [{key: value for key, value in row.items() if key != "outputs"} for row in rows]

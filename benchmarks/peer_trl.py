@@ -12,14 +12,24 @@ The same work on both sides:
   `--lr`, one optimiser step per rollout batch, KL coefficient `--beta` (the paper's 0.001) to the
   adapter-free reference, clip 0.2, group-normalised advantages, token-mean loss (TRL's "dapo");
 - reward: token F1 of the parsed answer against the gold answer, the same Python function
-  (`memr1.metrics.lexical.token_f1` after `AnswerAgent(distill=False).parse`) imported on both sides.
+  (`memr1.metrics.lexical.token_f1` after `AnswerAgent(distill=False).parse`) imported on both sides;
+- decoding stops on the same EOS ids on both sides (memr1's: the tokenizer's and the generation
+  config's, dumped with the prompts); fp32 on both sides (memr1's `precision=fp32`, TRL's `bf16=False`);
+- TRL's activation (gradient) checkpointing off, as memr1 has none: with PEFT it would recompute every
+  layer's forward in the backward, work memr1 does not do. The effective value is recorded.
+
+So the comparison is "same maths, less compute": what differs is how each side computes the step
+(memr1 forwards a group's prompt once, runs the frozen trunk below the LoRA layers once per token, and
+sends only real response tokens through the LM head). Generated and prompt tokens per step are recorded
+on both sides, so a side that happened to write shorter responses is seen (seconds per generated token).
 
 TRL runs in its own venv (`make bench-peer` builds it under $MEMR1_CACHE/venvs/trl: trl, peft, CPU torch
 2.13.0 and the two pure-Python packages the reward imports), so the project's dependencies stay as they
 are. Runs are interleaved A B B A (memr1, TRL, TRL, memr1), one process each, under the same load; a
 step is timed from its start to its end (generation, reward, reference, update) by wall clock and by the
 process's CPU time (all threads), the first step of each run is warm-up and dropped, the ratio is of the
-medians over the remaining steps of both runs of a side.
+medians over the remaining steps of both runs of a side (10 a run by default, 20 a side), with their
+quartiles.
 
     .venv/bin/python benchmarks/peer_trl.py --trl-python $MEMR1_CACHE/venvs/trl/bin/python --out runs/bench/peer_trl.json
 """
@@ -35,6 +45,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -65,7 +76,9 @@ def dump_prompts(path: Path, count: int, k: int) -> None:
     from data_modules.rl_states import RLStatesDataModule
     from memr1.envs.answer import AnswerEnv
     from memr1.agents.answer import AnswerAgent
-    from memr1.llm.engines import encode_prompts
+    from transformers import GenerationConfig
+
+    from memr1.llm.engines import default_eos_token_ids, encode_prompts
     from memr1.llm.loading import load_tokenizer, resolve_checkpoint
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -76,12 +89,14 @@ def dump_prompts(path: Path, count: int, k: int) -> None:
     env = AnswerEnv(AnswerAgent(distill=False))
     states = [data.train_states[index] for index in range(count)]
     tokenizer = load_tokenizer(cfg.backbone.name_or_path)
+    checkpoint = resolve_checkpoint(cfg.backbone.name_or_path)
+    eos_ids = default_eos_token_ids(tokenizer, SimpleNamespace(generation_config=GenerationConfig.from_pretrained(checkpoint)))
     prompts = [env.prompt(state) for state in states]
     lengths = [len(ids) for ids in encode_prompts(tokenizer, prompts)]
     rows = [{"prompt": prompt, "gold": state.question.answer, "prompt_tokens": n} for prompt, state, n in zip(prompts, states, lengths)]
     data.teardown()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"model": resolve_checkpoint(cfg.backbone.name_or_path), "rows": rows}))
+    path.write_text(json.dumps({"model": checkpoint, "eos_token_ids": sorted(eos_ids), "rows": rows}))
 
 
 # -- memr1's side ----------------------------------------------------------------------------------------
@@ -101,12 +116,16 @@ def run_memr1(args: argparse.Namespace, dumped: dict[str, Any]) -> dict[str, Any
         f"lora.r={args.rank}", f"lora.alpha={args.alpha}", f"lora.top_layers={args.top_layers}",
         f"algo.group_size={args.group_size}", f"answer.max_new_tokens={args.response_length}",
         f"algo.actor_lr={args.lr}", f"algo.kl_coef={args.beta}", "algo.temperature=1.0",
-        f"algo.micro_batch_size={args.group_size * args.states}", f"seed={args.seed}",
+        f"algo.micro_batch_size={args.group_size * args.states}", f"seed={args.seed}", "precision=fp32",
     ]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides)
     seed_everything(args.seed, verbose=False)
     module = build_module(cfg)
+    rows = dumped["rows"][: args.states * args.steps]
+
+    def rows_of(step: int) -> list[dict[str, Any]]:
+        return rows[step * args.states : (step + 1) * args.states]
 
     class DumpedPrompts:
         """The dumped rows as states: their prompt as given, their reward the shared F1."""
@@ -118,6 +137,7 @@ def run_memr1(args: argparse.Namespace, dumped: dict[str, Any]) -> dict[str, Any
             return [Reward(f1_reward(text, row["gold"]), None, {}) for row, text in zip(rows, responses)]
 
     module.env = DumpedPrompts()
+    module.engine.eos_token_ids = frozenset(dumped["eos_token_ids"])
     steps: list[dict[str, float]] = []
 
     class Clock(Callback):
@@ -125,9 +145,13 @@ def run_memr1(args: argparse.Namespace, dumped: dict[str, Any]) -> dict[str, Any
             self.started, self.cpu = time.perf_counter(), cpu_seconds()
 
         def on_train_batch_end(self, trainer: Trainer, pl_module: Any, *rest: Any) -> None:
+            metrics = pl_module.step_metrics
+            batch, _ = pl_module.last_rollout
             steps.append({
                 "seconds": time.perf_counter() - self.started, "cpu_seconds": cpu_seconds() - self.cpu,
-                "reward": pl_module.step_metrics["reward/mean"],
+                "reward": metrics["reward/mean"],
+                "generated_tokens": float(batch.response_mask.sum()),
+                "prompt_tokens": float(sum(row["prompt_tokens"] for row in rows_of(trainer.global_step - 1)) * args.group_size),
                 # where memr1's step went: rollout, reward, update (the reference's scoring included)
                 **{key.removeprefix("time/"): value for key, value in pl_module.step_metrics.items()
                    if key.startswith("time/") and key.endswith("_s")},
@@ -138,7 +162,6 @@ def run_memr1(args: argparse.Namespace, dumped: dict[str, Any]) -> dict[str, Any
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
         callbacks=[Clock()],
     )
-    rows = dumped["rows"][: args.states * args.steps]
     trainer.fit(module, train_dataloaders=DataLoader(rows, batch_size=args.states, collate_fn=list, shuffle=False))
     return {"side": "memr1", "steps": steps, "torch_threads": torch.get_num_threads()}
 
@@ -175,9 +198,10 @@ def run_trl(args: argparse.Namespace, dumped: dict[str, Any]) -> dict[str, Any]:
         beta=args.beta, epsilon=0.2, loss_type="dapo", scale_rewards="group", num_iterations=1,
         max_steps=args.steps, shuffle_dataset=False, logging_steps=1, report_to=[], save_strategy="no",
         use_cpu=True, bf16=False, seed=args.seed, remove_unused_columns=False, disable_tqdm=True,
+        gradient_checkpointing=False, generation_kwargs={"eos_token_id": dumped["eos_token_ids"]},
     )
     steps: list[dict[str, float]] = []
-    rewards: list[float] = []
+    logged: list[dict[str, float]] = []
 
     class Clock(TrainerCallback):
         def on_step_begin(self, *unused: Any, **kwargs: Any) -> None:
@@ -188,14 +212,22 @@ def run_trl(args: argparse.Namespace, dumped: dict[str, Any]) -> dict[str, Any]:
 
         def on_log(self, *unused: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
             if logs and "reward" in logs:
-                rewards.append(float(logs["reward"]))
+                logged.append(dict(logs))
 
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer,
                           peft_config=lora, callbacks=[Clock()])
+    checkpointing = {"args.gradient_checkpointing": trainer.args.gradient_checkpointing,
+                     "model.is_gradient_checkpointing": bool(getattr(trainer.model, "is_gradient_checkpointing", False))}
     trainer.train()
-    for step, value in zip(steps, rewards):
-        step["reward"] = value
-    return {"side": "trl", "steps": steps, "torch_threads": torch.get_num_threads(),
+    completions = args.states * args.group_size
+    previous_tokens = 0.0
+    for step, logs in zip(steps, logged):
+        step["reward"] = float(logs["reward"])
+        step["generated_tokens"] = float(logs["completions/mean_length"]) * completions
+        # num_tokens counts prompt and completion tokens seen so far
+        step["prompt_tokens"] = float(logs["num_tokens"]) - previous_tokens - step["generated_tokens"]
+        previous_tokens = float(logs["num_tokens"])
+    return {"side": "trl", "steps": steps, "torch_threads": torch.get_num_threads(), "activation_checkpointing": checkpointing,
             "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}}
 
 
@@ -209,11 +241,20 @@ def child(python: str, side: str, args: argparse.Namespace, prompts: Path) -> di
     return json.loads(lines[-1][len(RESULT_PREFIX):])
 
 
-def summarise(runs: list[dict[str, Any]], side: str) -> dict[str, float]:
+def summarise(runs: list[dict[str, Any]], side: str) -> dict[str, Any]:
     timed = [step for run in runs if run["side"] == side for step in run["steps"][1:]]
+
+    def quartiles(key: str) -> list[float]:
+        return statistics.quantiles([step[key] for step in timed], n=4)
+
+    seconds_q = quartiles("seconds")
     return {
         "seconds_per_step": statistics.median(step["seconds"] for step in timed),
+        "seconds_per_step_quartiles": [seconds_q[0], seconds_q[2]],
         "cpu_seconds_per_step": statistics.median(step["cpu_seconds"] for step in timed),
+        "generated_tokens_per_step": statistics.median(step["generated_tokens"] for step in timed),
+        "prompt_tokens_per_step": statistics.median(step["prompt_tokens"] for step in timed),
+        "seconds_per_generated_token": statistics.median(step["seconds"] / max(step["generated_tokens"], 1.0) for step in timed),
         "timed_steps": len(timed),
     }
 
@@ -242,7 +283,7 @@ def main() -> None:
     parser.add_argument("--trl-python", default=str(Path(os.environ.get("MEMR1_CACHE", Path.home() / ".cache/memr1")) / "venvs/trl/bin/python"))
     parser.add_argument("--states", type=int, default=4, help="prompts per step")
     parser.add_argument("--group-size", type=int, default=4, help="G")
-    parser.add_argument("--steps", type=int, default=5, help="steps per run (the first is warm-up)")
+    parser.add_argument("--steps", type=int, default=11, help="steps per run (the first is warm-up)")
     parser.add_argument("--response-length", type=int, default=64)
     parser.add_argument("--k", type=int, default=3, help="memories per speaker in the prompts")
     parser.add_argument("--rank", type=int, default=16)
@@ -262,8 +303,9 @@ def main() -> None:
         print(RESULT_PREFIX + json.dumps(result), flush=True)
         return
 
-    from machine import machine_info  # benchmarks/machine.py, beside this script
+    from machine import machine_info, print_machine  # benchmarks/machine.py, beside this script
 
+    print_machine()
     out = Path(args.out)
     prompts = out.parent / "peer_prompts.json"
     dump_prompts(prompts, args.states * args.steps, args.k)
@@ -283,6 +325,7 @@ def main() -> None:
         "ratio_memr1_over_trl": {
             "seconds": memr1["seconds_per_step"] / trl_side["seconds_per_step"],
             "cpu_seconds": memr1["cpu_seconds_per_step"] / trl_side["cpu_seconds_per_step"],
+            "seconds_per_generated_token": memr1["seconds_per_generated_token"] / trl_side["seconds_per_generated_token"],
         },
         "runs": runs,
         "machine": machine_info(load_before, os.getloadavg()[0]),
@@ -293,7 +336,10 @@ def main() -> None:
     ratio = result["ratio_memr1_over_trl"]
     print(f"memr1 {memr1['seconds_per_step']:.1f} s/step ({memr1['cpu_seconds_per_step']:.1f} CPU s), "
           f"TRL {trl_side['seconds_per_step']:.1f} s/step ({trl_side['cpu_seconds_per_step']:.1f} CPU s): "
-          f"memr1/TRL {ratio['seconds']:.2f}x wall, {ratio['cpu_seconds']:.2f}x CPU; wrote {out} and {out.with_suffix('.png')}")
+          f"memr1/TRL {ratio['seconds']:.2f}x wall, {ratio['cpu_seconds']:.2f}x CPU, "
+          f"{ratio['seconds_per_generated_token']:.2f}x per generated token "
+          f"({memr1['generated_tokens_per_step']:.0f} vs {trl_side['generated_tokens_per_step']:.0f} tokens a step); "
+          f"wrote {out} and {out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ from memr1.llm.loading import load_policy  # noqa: E402
 from memr1.llm.padding import left_pad  # noqa: E402
 from memr1.llm.sampling import SamplingConfig  # noqa: E402
 from memr1.types import MemoryEntry  # noqa: E402
-from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
+from machine import machine_info, print_machine  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 MODEL = "embedded:smollm2-135m-instruct"
 SPEAKERS = ("Caroline", "Melanie")
@@ -360,6 +360,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     console = Console(width=180)
+    print_machine()
     load_before = os.getloadavg()[0]  # timings on a shared machine move with its load: keep it beside them
     model, tokenizer = load_policy(MODEL)
     shape = ModelShape.of(model)

@@ -31,7 +31,7 @@ import httpx  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
+from machine import machine_info, print_machine  # noqa: E402  (benchmarks/machine.py, beside this script)
 from memr1.datasets.locomo import parse_locomo  # noqa: E402
 from memr1.service import Memory, text_model  # noqa: E402
 
@@ -97,6 +97,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.questions, args.answers = 8, 4
+    print_machine()
     load_before = os.getloadavg()[0]
     conversation = next(c for c in parse_locomo(args.data, (5,)).conversations if c.sample_id == "conv-30")
     questions = [q.question for q in conversation.questions][: args.questions]

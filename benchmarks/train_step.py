@@ -29,6 +29,7 @@ LoRA-top with LoRA on all layers (same algorithm): seconds per step and step Δ 
     .venv/bin/python benchmarks/train_step.py --quick                  # grpo, G=2, P=64, L=16, lora + lora-top
     .venv/bin/python benchmarks/train_step.py --out train_step.json    # the full grid (24 configurations)
     .venv/bin/python benchmarks/train_step.py --algos grpo --lora lora lora-top --top-layers 10 --group-sizes 8
+    .venv/bin/python benchmarks/train_step.py --precisions fp32 auto   # bf16 where the CPU has the units
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
-from machine import machine_info  # noqa: E402  (benchmarks/machine.py, beside this script)
+from machine import machine_info, print_machine  # noqa: E402  (benchmarks/machine.py, beside this script)
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 RESULT_PREFIX = "TRAIN_STEP_RESULT "  # marks the child's result line among Lightning's output
@@ -81,6 +82,7 @@ class StepConfig:
     old_logprobs: str  # "rollout": given by the sampler (engine=hf); "recompute": by _score_batch (vLLM)
     seed: int
     path: str = "new"  # one of PATHS
+    precision: str = "auto"  # the `precision` key: auto (bf16 where the CPU has bf16 units) or fp32
 
     @property
     def rows(self) -> int:
@@ -130,6 +132,7 @@ def measure_one(config: StepConfig) -> dict[str, Any]:
         f"lora.top_layers={config.top_layers if config.lora == 'lora-top' else 'null'}",
         f"algo.micro_batch_size={config.micro_batch_size}",
         f"seed={config.seed}",
+        f"precision={config.precision}",
         *PATHS[config.path],
     ]
     torch.set_num_threads(1 if config.path == "old" else os.cpu_count() or 1)
@@ -157,10 +160,12 @@ def measure_one(config: StepConfig) -> dict[str, Any]:
     )
     rewards = [Reward(score, None) for score in batch.scores.tolist()]
     if config.old_logprobs == "rollout":
-        # What the HF engine returns with its samples (equal to a forward pass within 1e-4).
+        # What the HF engine returns with its samples (equal to a forward pass within 1e-4). In bf16 the
+        # module recomputes pi_old's log-probs itself (the sampler's round differently), as here.
         module.policy.eval()
-        with torch.no_grad():
-            batch.old_logprobs = torch.cat([module._logprobs(module.policy, mb)[0] for mb in module._micro(batch)])
+        with torch.no_grad(), module.precision.autocast("cpu"):
+            if module._reuse_sampler_logprobs:
+                batch.old_logprobs = torch.cat([module._logprobs(module.policy, mb)[0] for mb in module._micro(batch)])
             depth = frozen_trunk_depth(module.policy) if module.algo.reuse_frozen_trunk else 0
             if depth:  # the HF engine records the frozen trunk's states as it samples
                 batch.trunk_hidden = torch.cat(
@@ -215,6 +220,7 @@ def measure_one(config: StepConfig) -> dict[str, Any]:
     return {
         **asdict(config),
         "rows": config.rows,
+        "precision_chosen": module.precision.name,
         "lora_rank": cfg.lora.r if cfg.lora.enabled else None,
         "trainable_params": trainable,
         "torch_threads": torch.get_num_threads(),
@@ -250,8 +256,9 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
     shape): time, step Δ RSS."""
 
     def key(result: dict[str, Any], **changed: Any) -> tuple:
-        names = ("algo", "lora", "group_size", "prompt_length", "response_length", "path")
-        fields = {name: result.get(name, "new") if name == "path" else result[name] for name in names}
+        names = ("algo", "lora", "group_size", "prompt_length", "response_length", "path", "precision")
+        defaults = {"path": "new", "precision": "auto"}
+        fields = {name: result.get(name, defaults.get(name)) for name in names}
         return tuple({**fields, **changed}.values())
 
     measured = {key(r): r for r in results if "error" not in r}
@@ -261,6 +268,7 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
             ("full_over_lora", key(result, lora="lora") if result["lora"] == "full" else None),
             ("lora_top_over_lora", key(result, lora="lora") if result["lora"] == "lora-top" else None),
             ("new_over_old", key(result, path="old") if result.get("path") == "new" else None),
+            ("auto_over_fp32", key(result, precision="fp32") if result.get("precision") == "auto" else None),
         ):
             baseline = measured.get(baseline_key) if baseline_key else None
             if baseline is not None:
@@ -276,8 +284,8 @@ def mode_label(mode: str, top_layers: int | None) -> str:
 
 def render(results: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=title)
-    for column in ("algo", "mode", "path", "G", "rows", "P", "L", "s/step", "tokens/s", "peak RSS GiB", "step Δ RSS GiB",
-                   "PPO/GRPO s, Δ", "full/LoRA s, Δ", "LoRA-top/LoRA s, Δ", "new/old s, Δ"):
+    for column in ("algo", "mode", "path", "prec", "G", "rows", "P", "L", "s/step", "tokens/s", "peak RSS GiB", "step Δ RSS GiB",
+                   "PPO/GRPO s, Δ", "full/LoRA s, Δ", "LoRA-top/LoRA s, Δ", "new/old s, Δ", "auto/fp32 s, Δ"):
         table.add_column(column, justify="right")
 
     def ratio(result: dict[str, Any], name: str, is_baseline: bool) -> str:
@@ -286,10 +294,11 @@ def render(results: list[dict[str, Any]], title: str) -> Table:
         return "base" if is_baseline else "—"
 
     for r in results:
-        shape = (r["algo"], mode_label(r["lora"], r["top_layers"]), r.get("path", "new"), str(r["group_size"]),
+        precision = r.get("precision", "auto") + (f" ({r['precision_chosen']})" if "precision_chosen" in r else "")
+        shape = (r["algo"], mode_label(r["lora"], r["top_layers"]), r.get("path", "new"), precision, str(r["group_size"]),
                  str(r["rows"]), str(r["prompt_length"]), str(r["response_length"]))
         if "error" in r:
-            table.add_row(*shape, "failed", "", "", "", "", "", "", "")
+            table.add_row(*shape, "failed", "", "", "", "", "", "", "", "")
             continue
         table.add_row(
             *shape,
@@ -301,6 +310,7 @@ def render(results: list[dict[str, Any]], title: str) -> Table:
             ratio(r, "full_over_lora", r["lora"] == "lora"),
             ratio(r, "lora_top_over_lora", r["lora"] == "lora"),
             ratio(r, "new_over_old", r.get("path") == "old"),
+            ratio(r, "auto_over_fp32", r.get("precision") == "fp32"),
         )
     return table
 
@@ -308,12 +318,14 @@ def render(results: list[dict[str, Any]], title: str) -> Table:
 def grid(args: argparse.Namespace) -> list[StepConfig]:
     return [
         StepConfig(algo, mode, args.top_layers if mode == "lora-top" else None, group_size, args.states,
-                   args.prompt_length, length, args.micro_batch_size, args.repeats, args.old_logprobs, args.seed, path)
+                   args.prompt_length, length, args.micro_batch_size, args.repeats, args.old_logprobs, args.seed, path,
+                   precision)
         for mode in dict.fromkeys(args.lora)  # in the order given, repeats dropped
         for group_size in args.group_sizes
         for length in args.response_lengths
         for algo in args.algos
         for path in args.paths
+        for precision in args.precisions
     ]
 
 
@@ -335,6 +347,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--paths", nargs="+", choices=tuple(PATHS), default=["new"],
                         help="old: one forward per row, 1 thread, entropy graph; new: the defaults")
+    parser.add_argument("--precisions", nargs="+", choices=("auto", "fp32", "bf16"), default=["auto"],
+                        help="the precision key: auto is bf16 where the CPU has bf16 units (compare with fp32)")
     parser.add_argument("--quick", action="store_true", help="grpo, G=2, P=64, L=16, lora + lora-top only")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one StepConfig (JSON) in this process
@@ -353,6 +367,7 @@ def main() -> None:
         parser.error("lengths, --states, --micro-batch-size, --repeats and --top-layers must be >= 1")
 
     console = Console(width=160)
+    print_machine()
     load_before = os.getloadavg()[0]  # timings on a shared machine move with its load: keep it beside them
     results = []
     for config in grid(args):

@@ -141,22 +141,24 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256, help="the Answer Agent's reply budget (room to list memories)")
     parser.add_argument("--no-distill", action="store_true", help="answer directly, without listing the memories used")
     parser.add_argument("--api-key-env", help="name of an environment variable holding the API key clients must send")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="local models' compute dtype (auto: bf16 where the CPU or GPU has bf16 units)")
 
 
-def _agent_model(choice: str, backbone: str, models: dict) -> Any:
+def _agent_model(choice: str, backbone: str, models: dict, precision: str = "auto") -> Any:
     from memr1.service.models import text_model
 
     if choice == "none":
         return None
     if choice == "base":
-        return text_model(backbone, models=models)
+        return text_model(backbone, models=models, precision=precision)
     if choice.startswith("openai:"):
         return text_model(choice, models=models)
     if backbone.startswith("openai:"):
         raise ValueError(f"{choice!r}: a trained export runs locally; --model must be a local backbone, not {backbone}")
     if not Path(choice).is_dir():
         raise ValueError(f"{choice!r}: expected 'none', 'base' or a policy export directory")
-    return text_model(backbone, adapter=choice, models=models)
+    return text_model(backbone, adapter=choice, models=models, precision=precision)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -176,9 +178,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     memory = Memory(
         args.path,
         uri=args.uri,
-        extractor=_agent_model(args.extractor, args.model, models),
-        manager=_agent_model(args.manager, args.model, models),
-        answerer=_agent_model(args.answer, args.model, models),
+        extractor=_agent_model(args.extractor, args.model, models, args.precision),
+        manager=_agent_model(args.manager, args.model, models, args.precision),
+        answerer=_agent_model(args.answer, args.model, models, args.precision),
         k=args.k,
         distill=not args.no_distill,
         max_new_tokens=args.max_new_tokens,

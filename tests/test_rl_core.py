@@ -10,19 +10,23 @@ import torch
 
 from memr1.rl.core import (
     LOSS_AGG_MODES,
+    LossDenominator,
     aggregate_loss,
     broadcast_to_tokens,
     compute_gae,
     entropy_from_logits,
     explained_variance,
     group_advantages,
+    groups_with_spread,
     kl_penalty,
+    leave_one_out_advantages,
     logprobs_from_logits,
     masked_mean,
     masked_sum,
     masked_var,
     masked_whiten,
     outcome_to_token_rewards,
+    overlong_penalty,
     policy_loss,
     value_loss,
 )
@@ -94,6 +98,47 @@ def test_aggregate_loss_modes_on_a_ragged_mask(mode, expected):
 def test_aggregate_loss_modes_are_all_tested_and_norm_length_is_constant():
     assert set(LOSS_AGG_MODES) == {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}
     close(aggregate_loss(LOSS_MAT, LOSS_MASK, "seq-mean-token-sum-norm", norm_length=8), 1.3125)  # (10/8 + 11/8) / 2
+
+
+@pytest.mark.parametrize(
+    ("mode", "first_two_rows", "last_row"),
+    [
+        # over the whole batch's 6 tokens: rows 0-1 give (10 + 11) / 6, the empty row 0
+        ("token-mean", 21 / 6, 0.0),
+        # over its 2 sequences with tokens: (10 + 11) / 2
+        ("seq-mean-token-sum", 10.5, 0.0),
+        ("seq-mean-token-mean", 4.0, 0.0),  # (2.5 + 5.5) / 2
+        ("seq-mean-token-sum-norm", 21 / 8 / 2, 0.0),  # norm_length 8 from the denominator: (10/8 + 11/8) / 2
+    ],
+)
+def test_micro_batch_losses_over_the_mini_batch_denominator_add_up_to_its_loss(mode, first_two_rows, last_row):
+    denominator = LossDenominator.of(LOSS_MASK, norm_length=8)
+    assert (denominator.tokens, denominator.sequences) == (6.0, 2.0)
+    close(aggregate_loss(LOSS_MAT[:2], LOSS_MASK[:2], mode, denominator=denominator), first_two_rows)
+    close(aggregate_loss(LOSS_MAT[2:], LOSS_MASK[2:], mode, denominator=denominator), last_row)
+    whole = aggregate_loss(LOSS_MAT, LOSS_MASK, mode, norm_length=8)
+    close(whole, first_two_rows + last_row)
+    # two ranks: each rank's share is doubled, since DDP averages the two ranks' gradients
+    doubled = LossDenominator(denominator.tokens, denominator.sequences, ranks=2, norm_length=8)
+    close(aggregate_loss(LOSS_MAT[:2], LOSS_MASK[:2], mode, denominator=doubled), 2 * first_two_rows)
+
+
+def test_leave_one_out_advantages_by_hand():
+    # group a: 1, 0, 0 -> 1 - 0 = 1, 0 - (1 + 0)/2 = -0.5, -0.5; group b: 2, 4 -> -2, 2; group c alone: 0
+    close(leave_one_out_advantages(torch.tensor([1.0, 0.0, 2.0, 0.0, 4.0, 7.0]), ["a", "a", "b", "a", "b", "c"]),
+          [1.0, -0.5, -2.0, -0.5, 2.0, 0.0])
+
+
+def test_groups_with_spread_marks_the_rows_of_groups_whose_rewards_differ():
+    spread = groups_with_spread(torch.tensor([1.0, 1.0, 0.0, 0.5, 0.5, 2.0]), torch.tensor([0, 0, 1, 1, 2, 3]))
+    assert spread.tolist() == [False, False, True, True, False, False]
+
+
+def test_overlong_penalty_by_hand():
+    # cap 64, buffer 16: free up to 48 tokens, then -(l - 48) / 16 * 0.5, reaching -0.5 at 64
+    close(overlong_penalty(torch.tensor([10, 48, 52, 64]), 64, 16, 0.5), [0.0, 0.0, -0.125, -0.5])
+    with pytest.raises(ValueError, match="buffer_length: must be in 1..64"):
+        overlong_penalty(torch.tensor([1]), 64, 65, 1.0)
 
 
 def test_aggregate_loss_rejects_unknown_mode():

@@ -25,11 +25,18 @@ class TextModel(Protocol):
 class LocalModel:
     """A causal LM loaded in this process through an HF generation engine."""
 
-    def __init__(self, name_or_path: str = EMBEDDED_DEFAULT, adapter: str | None = None, dtype: str = "float32", batch_size: int = 8) -> None:
+    def __init__(
+        self, name_or_path: str = EMBEDDED_DEFAULT, adapter: str | None = None, dtype: str = "float32", batch_size: int = 8,
+        precision: str = "auto",
+    ) -> None:
+        import torch
+
         from memr1.factories import build_engine, frozen_policy
+        from memr1.llm.precision import choose_precision
 
         model, tokenizer = frozen_policy(name_or_path, dtype, adapter)
-        self.engine = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=batch_size)
+        compute = choose_precision(precision, next(model.parameters()).device if torch.cuda.is_available() else "cpu")
+        self.engine = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=batch_size, precision=compute)
         self.name = f"{name_or_path}+{adapter}" if adapter else str(name_or_path)
         self._lock = threading.Lock()
 
@@ -50,10 +57,13 @@ class RemoteModel:
         return [self.client.chat(prompt, max_tokens=max_new_tokens) for prompt in prompts]
 
 
-def text_model(spec: str | None, adapter: str | None = None, models: dict[str, TextModel] | None = None) -> TextModel | None:
+def text_model(
+    spec: str | None, adapter: str | None = None, models: dict[str, TextModel] | None = None, precision: str = "auto"
+) -> TextModel | None:
     """A model from a spec: None (no model), "openai:URL#MODEL" (an endpoint), else a local
-    `name_or_path` with an optional trained `adapter`. `models` caches by spec, so the Manager and the
-    Answer Agent share one copy of the same weights."""
+    `name_or_path` with an optional trained `adapter`, computing in `precision` (auto: bf16 where the
+    machine has bf16 units). `models` caches by spec, so the Manager and the Answer Agent share one copy
+    of the same weights."""
     if spec is None:
         return None
     key = f"{spec}|{adapter}"
@@ -65,7 +75,7 @@ def text_model(spec: str | None, adapter: str | None = None, models: dict[str, T
             raise ValueError(f"model spec {spec!r}: expected openai:URL#MODEL, e.g. openai:http://127.0.0.1:8000/v1#memr1")
         model: TextModel = RemoteModel(url, name)
     else:
-        model = LocalModel(spec, adapter=adapter)
+        model = LocalModel(spec, adapter=adapter, precision=precision)
     if models is not None:
         models[key] = model
     return model

@@ -1,0 +1,151 @@
+"""DAPO's remedies and the run-time precision on a tiny random Llama with the real SmolLM2 tokenizer and
+a real Lightning Trainer: flat groups re-drawn until the step is full or the cap is hit, the overlong
+penalty in the reward, RLOO's and Dr. GRPO's advantages through the module, bf16 chosen only where the
+CPU reports bf16 units, and in bf16 the update's log-probs equal to pi_old's (ratio 1 within 1e-3)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+from lightning.pytorch import LightningDataModule, Trainer
+from torch.utils.data import DataLoader
+
+from memr1.envs.base import Reward
+from memr1.llm.loading import load_tokenizer
+from memr1.llm.precision import FP32, choose_precision, cpu_flags
+from memr1.llm.testing import tiny_causal_lm
+from memr1.modules.base import RLModule
+from memr1.rl.algorithms import AlgoConfig
+
+
+class SpreadEnv:
+    """A state named "flat..." pays every sample 0.5 (a flat group); any other pays the first sample of
+    its group 1 and the rest 0."""
+
+    def __init__(self, group_size: int) -> None:
+        self.group_size = group_size
+
+    def prompt(self, state: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": state}]
+
+    def score(self, states: Sequence[str], responses: Sequence[str]) -> list[Reward]:
+        return [
+            Reward(0.5 if state.startswith("flat") else float(row % self.group_size == 0), None)
+            for row, state in enumerate(states)
+        ]
+
+
+class ScriptedStates(LightningDataModule):
+    """One step's batch, and the extra draws dynamic sampling asks for, scripted; it records the asks."""
+
+    def __init__(self, batch: list[str], draws: list[list[str]]) -> None:
+        super().__init__()
+        self.batch, self.draws, self.asked = batch, draws, []
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader([self.batch], batch_size=None)
+
+    def extra_states(self, step: int, draw: int) -> list[str]:
+        self.asked.append((step, draw))
+        return self.draws[draw - 1]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("embedded:smollm2-135m-instruct")
+
+
+def run_step(module: RLModule, data: LightningDataModule) -> RLModule:
+    Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False).fit(module, datamodule=data)
+    return module
+
+
+def filtering(tokenizer, cap: int, group: int = 2) -> RLModule:
+    algo = AlgoConfig(name="grpo", group_size=group, actor_lr=1e-3, kl_coef=0.0, micro_batch_size=4,
+                      filter_groups={"enable": True, "max_num_gen_batches": cap})
+    return RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, SpreadEnv(group), algo, max_new_tokens=4, seed=3)
+
+
+def test_flat_groups_are_redrawn_until_the_step_is_full(tokenizer):
+    data = ScriptedStates(["flat-a", "spread-a"], draws=[["flat-b", "flat-c"], ["spread-b", "flat-d"], ["spread-c", "spread-d"]])
+    module = run_step(filtering(tokenizer, cap=10), data)
+    assert data.asked == [(0, 1), (0, 2)]  # the third draw was never needed
+    metrics = module.step_metrics
+    assert (metrics["filter/groups_drawn"], metrics["filter/groups_kept"], metrics["filter/gen_batches"]) == (6.0, 2.0, 3.0)
+    assert metrics["reward/zero_std_group_frac"] == 0.0 and metrics["advantage/nonzero_frac"] == 1.0
+    batch, rewards = module.last_rollout
+    assert len(batch) == 4 and [r.score for r in rewards] == [1.0, 0.0, 1.0, 0.0]
+
+
+def test_the_cap_on_extra_batches_ends_the_redrawing(tokenizer):
+    data = ScriptedStates(["flat-a", "spread-a"], draws=[["flat-b", "flat-c"], ["spread-b", "spread-c"]])
+    module = run_step(filtering(tokenizer, cap=2), data)
+    assert data.asked == [(0, 1)]
+    metrics = module.step_metrics
+    assert (metrics["filter/groups_drawn"], metrics["filter/groups_kept"], metrics["filter/gen_batches"]) == (4.0, 1.0, 2.0)
+    assert len(module.last_rollout[0]) == 2  # the one group with spread
+
+
+def test_a_step_that_keeps_no_group_trains_on_its_first_batch(tokenizer):
+    data = ScriptedStates(["flat-a", "flat-b"], draws=[["flat-c", "flat-d"]])
+    module = run_step(filtering(tokenizer, cap=2), data)
+    assert module.step_metrics["filter/groups_kept"] == 0.0
+    assert len(module.last_rollout[0]) == 4 and module.step_metrics["advantage/nonzero_frac"] == 0.0
+
+
+def test_reinforce_refuses_filter_groups_since_its_flat_groups_still_learn():
+    algo = AlgoConfig(name="reinforce", group_size=2, filter_groups={"enable": True})
+    assert not algo.algorithm.flat_groups_are_zero
+    with pytest.raises(ValueError, match="algo.filter_groups.colour: no such key"):
+        AlgoConfig(name="grpo", filter_groups={"colour": 1})
+
+
+def test_overlong_responses_lose_reward_by_how_far_they_ran_past_the_buffer(tokenizer):
+    # A random tiny model never emits EOS in 8 tokens: every response runs to the cap, 8 = 4 past 8 - 4.
+    algo = AlgoConfig(name="grpo", group_size=2, actor_lr=1e-3, kl_coef=0.0, overlong_buffer={"enable": True, "len": 4, "penalty_factor": 0.5})
+    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, SpreadEnv(2), algo, max_new_tokens=8, seed=3)
+    rows = module.sample(["spread-a"])
+    assert [len(sample.response_ids) for sample, _ in rows] == [8, 8]
+    assert [reward.score for _, reward in rows] == [1.0 - 0.5, 0.0 - 0.5]  # -(8 - 4) / 4 * 0.5
+
+
+@pytest.mark.parametrize(("name", "expected"), [("rloo", [1.0, -1.0, 0.0, 0.0]), ("dr_grpo", [0.5, -0.5, 0.0, 0.0])])
+def test_rloo_and_dr_grpo_advantages_through_the_module(tokenizer, name, expected):
+    extra = {"loss_agg_mode": "seq-mean-token-sum-norm"} if name == "dr_grpo" else {}
+    algo = AlgoConfig(name=name, group_size=2, kl_coef=0.0, **extra)
+    module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, SpreadEnv(2), algo, max_new_tokens=4)
+    batch, _ = module.rollout(["spread-a", "flat-a"])  # scores 1, 0 | 0.5, 0.5
+    module._advantages(batch, [0, 0, 1, 1])
+    assert batch.advantages[:, 0].tolist() == expected
+
+
+def test_bf16_is_chosen_only_where_the_cpu_reports_bf16_units(tmp_path):
+    assert choose_precision("auto", "cpu", flags=frozenset({"avx2", "fma"})).is_fp32
+    for units in ({"avx512_bf16"}, {"amx_bf16", "avx2"}):
+        chosen = choose_precision("auto", "cpu", flags=frozenset(units))
+        assert chosen.name == "bf16" and "bf16 units" in chosen.reason
+    assert choose_precision("fp32", "cpu", flags=frozenset({"avx512_bf16"})).is_fp32
+    assert "emulated" in choose_precision("bf16", "cpu", flags=frozenset({"avx2"})).reason
+    with pytest.raises(ValueError, match="precision: 'fp16' is not one of"):
+        choose_precision("fp16", "cpu")
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx2 avx512_bf16\n")
+    assert cpu_flags(cpuinfo) == {"fpu", "sse2", "avx2", "avx512_bf16"}
+    assert cpu_flags(tmp_path / "missing") == frozenset()
+
+
+def test_in_bf16_the_update_starts_on_policy(tokenizer):
+    """In bf16 the sampler's log-probs (one token at a time) are not the update's (whole sequences):
+    pi_old is recomputed by the update's own forward, so the first ratio is 1 within 1e-3."""
+    bf16 = choose_precision("bf16", "cpu")
+    algo = AlgoConfig(name="grpo", group_size=3, actor_lr=1e-3, kl_coef=0.0, micro_batch_size=2, temperature=0.7)
+    module = RLModule(tiny_causal_lm(tokenizer, seed=1, init_std=0.02), tokenizer, SpreadEnv(3), algo, max_new_tokens=6, seed=3, precision=bf16)
+    run_step(module, ScriptedStates(["spread-a", "spread-b"], draws=[]))
+    batch, _ = module.last_rollout
+    assert abs(module.step_metrics["actor/approx_kl"]) < 1e-3 and module.step_metrics["actor/clip_frac"] == 0.0
+    # The fp32 module reuses the sampler's log-probs; the bf16 one does not.
+    assert RLModule(tiny_causal_lm(tokenizer), tokenizer, SpreadEnv(3), algo, precision=FP32)._reuse_sampler_logprobs
+    assert not module._reuse_sampler_logprobs and batch.old_logprobs is not None
