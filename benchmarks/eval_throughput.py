@@ -54,8 +54,9 @@ from memr1.llm.precision import choose_precision  # noqa: E402
 from memr1.llm.sampling import SamplingConfig  # noqa: E402
 from memr1.memory import BankLockedError, MemoryBank  # noqa: E402
 from memr1.pipeline.answering import answer_questions  # noqa: E402
-from memr1.banks.build import build_banks, memory_items  # noqa: E402
-from memr1.pipeline.evaluation import load_split, open_banks, select_questions  # noqa: E402
+from memr1.banks.build import memory_items  # noqa: E402
+from memr1.pipeline.evaluation import load_split, select_questions  # noqa: E402
+from memr1.banks.recipe import bank_recipe, open_or_build_banks  # noqa: E402
 from memr1.banks.policies import AddAllPolicy  # noqa: E402
 from memr1.timing import StageTimer  # noqa: E402
 from memr1.types import Conversation, Question  # noqa: E402
@@ -102,14 +103,17 @@ def open_built_banks(
 ) -> tuple[dict[str, MemoryBank], dict[str, object]]:
     """The ADD-all observation banks at the pipeline's cache path (built there if missing), or in a temp
     dir when another process holds that Milvus Lite file; returns them and where / how long the build took."""
-    try:
-        banks, progress_file = open_banks(cfg, conversations, embedder, stack)
-    except BankLockedError:
-        cfg.banks.dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="eval_throughput_"))
-        banks, progress_file = open_banks(cfg, conversations, embedder, stack)
     items = {c.sample_id: memory_items(c, cfg.memory.source) for c in conversations}
     start = time.perf_counter()
-    build_banks(items, banks, AddAllPolicy(), progress_file)
+
+    def open_or_build() -> dict[str, MemoryBank]:
+        return open_or_build_banks(bank_recipe(cfg), conversations, embedder, stack, policy=AddAllPolicy(), items=items, banks_dir=cfg.banks.dir)
+
+    try:
+        banks = open_or_build()
+    except BankLockedError:
+        cfg.banks.dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="eval_throughput_"))
+        banks = open_or_build()
     build_s = time.perf_counter() - start
     build = {"banks_dir": str(cfg.banks.dir), "build_s": build_s, "memories": sum(map(len, banks.values()))}
     return banks, build
@@ -272,7 +276,7 @@ def main() -> None:
 
     console.print(render(rows, max_new_tokens))
     agreement = [
-        f"k={row['k']} batch {row['batch']}: {row['same_output_as_batch_1']:.0%}"
+        f"{row['precision']} k={row['k']} batch {row['batch']}: {row['same_output_as_batch_1']:.0%}"
         for row in rows
         if (row["batch"] or 1) > 1
     ]
