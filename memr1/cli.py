@@ -208,6 +208,28 @@ def _run_pipeline(args: argparse.Namespace) -> int:
     return run_schedule(load_schedule(args.schedule, args.root, args.overrides))
 
 
+# --- compare -------------------------------------------------------------------------------------
+
+
+def _configure_compare(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="evaluation run directories (with predictions.jsonl); each after the first is compared with the first")
+    parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default 10000)")
+    parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
+    parser.add_argument("--json", type=Path, help="also write the comparisons as JSON here")
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from memr1.pipeline.compare import compare_runs, markdown
+
+    if len(args.runs) < 2:
+        raise ValueError("compare: give at least two run directories (A, then each B to set against it)")
+    comparisons = [compare_runs(args.runs[0], run, args.resamples, args.seed) for run in args.runs[1:]]
+    print("\n\n".join(markdown(c, CATEGORY_NAMES) for c in comparisons))
+    if args.json:
+        args.json.write_text(json.dumps([c.to_json() for c in comparisons], indent=2))
+    return 0
+
+
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand(
         name="data-summary",
@@ -220,6 +242,12 @@ SUBCOMMANDS: list[Subcommand] = [
         help="the memory service: Mem0's REST routes, /answer and /v1/chat/completions over memr1 banks",
         configure=_configure_serve,
         run=_run_serve,
+    ),
+    Subcommand(
+        name="compare",
+        help="paired comparison of evaluation runs: ΔF1 / ΔBLEU-1 / ΔEM with 95% bootstrap intervals and a verdict",
+        configure=_configure_compare,
+        run=_run_compare,
     ),
     Subcommand(
         name="pipeline",
