@@ -430,6 +430,9 @@ def test_lenient_json_rejects(text: str, error: type[Exception]) -> None:
         ),
         pytest.param("  \n\t ", AnswerParse("", [], "empty_output"), id="blank"),
         pytest.param(
+            "**Relevant memories:**\n**Answer:** Paris", AnswerParse("Paris", [], "missing_memory_list"), id="no-memory-listed"
+        ),
+        pytest.param(
             "My answers: none\nReanswer: no",
             AnswerParse("Reanswer: no", ["My answers: none"], "missing_answer_marker"),
             id="answer-must-be-a-word",
@@ -457,4 +460,4 @@ def test_answer_parse_without_distillation(output: str, expected: AnswerParse) -
 
 def test_answer_format_errors_are_listed_once() -> None:
     reasons = answer_module.ANSWER_FORMAT_ERRORS
-    assert sorted(reasons) == ["empty_answer", "empty_output", "missing_answer_marker"]
+    assert sorted(reasons) == ["empty_answer", "empty_output", "missing_answer_marker", "missing_memory_list"]

@@ -95,13 +95,13 @@ def test_answer_env_rewards_the_parsed_answer_and_penalises_format_errors() -> N
     responses = [
         "**Relevant memories:**\n- Ana took Rex to the park.\n**Answer:** The park.",
         "Ana took Rex to the park.\nPark",  # no marker: the last line is the answer, a format error
-        "**Answer:** a dog park",
+        "**Answer:** a dog park",  # no memory list: the distilling agent skipped its distillation
         "",
         "\x00{{{ ]]] **Answer:**",  # nothing after the marker
     ]
     rewards = env.score([PARK_STATE] * len(responses), responses)
-    assert [r.score for r in rewards] == [1.0, 0.5, 0.0, -0.5, -0.5]
-    assert [r.format_error for r in rewards] == [None, "missing_answer_marker", None, "empty_output", "empty_answer"]
+    assert [r.score for r in rewards] == [1.0, 0.5, -0.5, -0.5, -0.5]
+    assert [r.format_error for r in rewards] == [None, "missing_answer_marker", "missing_memory_list", "empty_output", "empty_answer"]
     assert rewards[0].info == {"em": 1.0, "f1": 1.0, "answer": "The park", "answer_words": 2.0}
     assert rewards[2].info["f1"] == pytest.approx(0.4)  # {a, dog, park} vs {the, park}: P 1/3, R 1/2
     assert rewards[2].info["em"] == 0.0

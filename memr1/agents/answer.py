@@ -11,7 +11,9 @@ Reading the output (`AnswerAgent.parse`), never raising:
   markdown, quotes and surrounding punctuation stripped;
 - with distillation, a missing marker falls back to the last non-empty line (format error
   `missing_answer_marker`); the selected memories are the lines between the `Relevant memories`
-  heading (or the start of the text when the model skipped it) and the answer, bullets stripped;
+  heading (or the start of the text when the model skipped it) and the answer, bullets stripped; a
+  well-formed answer with no memory line before it is the format error `missing_memory_list` (the
+  distilling agent skipped its distillation);
 - without distillation the marker is optional: absent, the whole output (on one line) is the answer;
 - an empty output or an empty answer after the marker gives "" and a format error.
 """
@@ -62,7 +64,8 @@ Answer in at most {max_words} words, with no explanation."""
 EMPTY_OUTPUT = "empty_output"
 MISSING_ANSWER_MARKER = "missing_answer_marker"
 EMPTY_ANSWER = "empty_answer"
-ANSWER_FORMAT_ERRORS: tuple[str, ...] = (EMPTY_OUTPUT, MISSING_ANSWER_MARKER, EMPTY_ANSWER)
+MISSING_MEMORY_LIST = "missing_memory_list"
+ANSWER_FORMAT_ERRORS: tuple[str, ...] = (EMPTY_OUTPUT, MISSING_ANSWER_MARKER, EMPTY_ANSWER, MISSING_MEMORY_LIST)
 
 # "answer", then any bold / italics markup, then a colon; `\b` keeps "answers:" and "reanswer:" out.
 _ANSWER_MARKER = re.compile(r"\banswer\b[ \t*_]*:", re.IGNORECASE)
@@ -133,7 +136,9 @@ class AnswerAgent:
             return AnswerParse(_clean_answer(lines[fallback]), selected, MISSING_ANSWER_MARKER)
         answer = _answer_after(lines, marker)
         selected = _selected(lines, marker[0])
-        return AnswerParse(answer, selected, None if answer else EMPTY_ANSWER)
+        if not answer:
+            return AnswerParse(answer, selected, EMPTY_ANSWER)
+        return AnswerParse(answer, selected, None if selected else MISSING_MEMORY_LIST)
 
 
 def memory_line(entry: MemoryEntry) -> str:

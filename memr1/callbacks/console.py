@@ -17,6 +17,7 @@ STEP_FIELDS = (
     ("train/probe_reward", "probe", "{:.3f}"),
     ("reward/zero_std_group_frac", "zero-spread", "{:.2f}"),
     ("response/format_error_rate", "format-err", "{:.2f}"),
+    ("response/missing_memory_list_frac", "no-memory-list", "{:.2f}"),
     ("response/length_mean", "len", "{:.1f}"),
     ("actor/grad_norm", "grad", "{:.3g}"),
     ("time/teacher_s", "teacher", "{:.1f}s"),

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from memr1.agents.answer import MISSING_MEMORY_LIST
 from memr1.envs.answer import AnswerEnv, AnswerState
 from memr1.envs.base import Reward
 from memr1.metrics import QAMetrics
@@ -32,4 +33,9 @@ class AnswerRLModule(RLModule):
 
     def extra_metrics(self, rewards: Sequence[Reward]) -> dict[str, float]:
         words = [float(r.info.get("answer_words", 0.0)) for r in rewards]
-        return {"response/answer_words_mean": sum(words) / len(words)} if words else {}
+        if not words:
+            return {}
+        metrics = {"response/answer_words_mean": sum(words) / len(words)}
+        if self.env.agent.distill:  # the distilling agent that stops listing memories has dropped distillation
+            metrics["response/missing_memory_list_frac"] = sum(r.format_error == MISSING_MEMORY_LIST for r in rewards) / len(rewards)
+        return metrics

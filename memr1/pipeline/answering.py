@@ -9,6 +9,7 @@ from memr1.agents.answer import AnswerAgent
 from memr1.llm.engines import GenerationEngine, SamplingConfig
 from memr1.memory import MemoryView
 from memr1.memory.retrieval import retrieve_memories
+from memr1.metrics.distill import distillation_score
 from memr1.timing import StageTimer
 from memr1.types import Question
 
@@ -28,6 +29,13 @@ class Prediction:
     format_error: str | None
     raw_output: str
     latency_s: dict[str, float] = field(default_factory=dict)
+    # Distillation against the question's evidence dia_ids (`memr1.metrics.distill`); None for an agent
+    # that does not distil, or where there is nothing to measure (no evidence, no line selected).
+    evidence: list[str] = field(default_factory=list)
+    selected_ids: list[str | None] = field(default_factory=list)
+    distill_recall: float | None = None
+    distill_precision: float | None = None
+    evidence_retrieved: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -72,6 +80,8 @@ def answer_questions(
         batch_predictions = []
         for question, memories, samples, search_s in zip(batch, retrieved, outputs, search_seconds):
             parsed = agent.parse(samples[0].text)
+            flat = [entry for entries in memories.values() for entry in entries]
+            distill = distillation_score(parsed.selected, flat, question.evidence) if agent.distill else None
             batch_predictions.append(
                 Prediction(
                     qid=question.qid,
@@ -80,11 +90,16 @@ def answer_questions(
                     gold=question.answer,
                     prediction=parsed.answer,
                     category=question.category,
-                    retrieved_ids=[entry.id for entries in memories.values() for entry in entries],
+                    retrieved_ids=[entry.id for entry in flat],
                     selected_memories=parsed.selected,
                     format_error=parsed.format_error,
                     raw_output=samples[0].text,
                     latency_s={"memory_search": search_s, "answer": answer_seconds},
+                    evidence=list(question.evidence),
+                    selected_ids=list(distill.matched_ids) if distill else [],
+                    distill_recall=distill.recall if distill else None,
+                    distill_precision=distill.precision if distill else None,
+                    evidence_retrieved=distill.retrieved if distill else None,
                 )
             )
         predictions.extend(batch_predictions)

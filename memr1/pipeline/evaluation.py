@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from memr1.agents.answer import ANSWER_FORMAT_ERRORS
 from memr1.agents.extractor import FactExtractor
 from memr1.banks.build import memory_items
 from memr1.banks.recipe import bank_recipe, open_or_build_banks, store_location
@@ -159,6 +160,8 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             verdicts = judge([p.question for p in predictions], [p.gold for p in predictions], [p.prediction for p in predictions])
     scores = score_predictions(predictions, verdicts)
     scores["format_error_rate"] = 100.0 * sum(p.format_error is not None for p in predictions) / len(predictions)
+    for kind in ANSWER_FORMAT_ERRORS:  # each kind's share: a reply without its memory list is one
+        scores[f"format_error_rate/{kind}"] = 100.0 * sum(p.format_error == kind for p in predictions) / len(predictions)
     scores["mean_answer_words"] = sum(len(p.prediction.split()) for p in predictions) / len(predictions)
     latency = timer.summary()
     settings = {

@@ -13,6 +13,8 @@ from memr1.metrics.judge import Verdict
 from memr1.pipeline.answering import Prediction
 
 SCORE_COLUMNS = (("f1", "F1"), ("bleu1", "BLEU-1"), ("em", "EM"), ("j", "J"))
+# Distillation against evidence (memr1.metrics.distill), 0..100, where the agent distils.
+DISTILL_COLUMNS = (("distill_recall", "Distill R"), ("distill_precision", "Distill P"), ("evidence_retrieved", "Evidence retrieved"))
 
 
 def score_predictions(
@@ -33,19 +35,35 @@ def score_predictions(
         for category, labels in by_category.items():
             scores[f"j/cat{category}"] = 100.0 * sum(labels) / len(labels)
         scores["judge_unreadable"] = sum(not v.readable for v in verdicts)
+    scores.update(distillation_scores(predictions))
+    return scores
+
+
+def distillation_scores(predictions: Sequence[Prediction]) -> dict[str, float]:
+    """Mean distillation recall / precision and evidence retrieved (x100), overall and per category,
+    over the predictions that have each; nothing for an agent that does not distil."""
+    scores: dict[str, float] = {}
+    for key, _ in DISTILL_COLUMNS:
+        values = [(p.category, getattr(p, key)) for p in predictions if getattr(p, key) is not None]
+        if not values:
+            continue
+        scores[key] = 100.0 * sum(v for _, v in values) / len(values)
+        for category in sorted({c for c, _ in values}):
+            in_category = [v for c, v in values if c == category]
+            scores[f"{key}/cat{category}"] = 100.0 * sum(in_category) / len(in_category)
     return scores
 
 
 def markdown_table(scores: Mapping[str, float], category_names: Mapping[int, str]) -> str:
     """Rows: each category present, then Overall; columns: count and the scores that exist."""
-    columns = [(key, title) for key, title in SCORE_COLUMNS if key in scores]
+    columns = [(key, title) for key, title in (*SCORE_COLUMNS, *DISTILL_COLUMNS) if key in scores]
     header = "| Category | n | " + " | ".join(title for _, title in columns) + " |"
     rule = "|---|---:|" + "---:|" * len(columns)
     rows = [header, rule]
     categories = sorted(int(key.split("cat")[1]) for key in scores if key.startswith("count/cat"))
     for category in categories:
         name = category_names.get(category, str(category))
-        cells = " | ".join(f"{scores[f'{key}/cat{category}']:.2f}" for key, _ in columns)
+        cells = " | ".join(f"{scores.get(f'{key}/cat{category}', float('nan')):.2f}" for key, _ in columns)
         rows.append(f"| {category} {name} | {int(scores[f'count/cat{category}'])} | {cells} |")
     overall = " | ".join(f"**{scores[key]:.2f}**" for key, _ in columns)
     rows.append(f"| **Overall** | {int(scores['count'])} | {overall} |")
@@ -117,6 +135,8 @@ def write_report(
         markdown_table(scores, category_names),
         "",
         "Scores in 0-100 (Mem0 LoCoMo protocol: token-set F1, NLTK BLEU-1, lower-cased exact match, LLM judge J).",
+        "Distill R / P: the selected memories' recall of the question's evidence turns and the share of them drawn "
+        "from evidence; Evidence retrieved: the share of the evidence the retrieved memories held (recall's ceiling).",
         "",
         "## Latency per item",
         "",
