@@ -13,9 +13,10 @@ any interruption finishes the schedule without redoing finished work.
 
 Stages marked `report: <label>` (evaluations) form the closing table: one row per label, F1 / BLEU-1 /
 EM / format errors / mean words from the stage's `report.json`, each row's F1 set against the first
-row's (the baseline), with a plain sentence saying whether the trained rows beat it. A stage's
+row's (the baseline) paired over the same questions with its 95% interval (`memr1 compare`), with a
+plain sentence saying whether the trained rows beat it, and how many answers changed. A stage's
 `versus: <label>` names the row its agent was trained from (SFT+GRPO's SFT), and a sentence says
-whether the training beat that too.
+whether the training beat that too. "Beats" means the interval excludes 0.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
+
+from memr1.pipeline.compare import Comparison, compare_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ROOT / "conf" / "pipeline"
@@ -180,43 +183,56 @@ def _run_forwarding_signals(command: list[str]) -> int:
 REPORT_COLUMNS = (("f1", "F1"), ("bleu1", "BLEU-1"), ("em", "EM"), ("format_error_rate", "format errors %"), ("mean_answer_words", "mean words"))
 
 
-def report_rows(schedule: Schedule) -> list[tuple[str, dict[str, Any]]]:
-    """(label, report.json) of every finished stage marked `report`, in schedule order."""
+@dataclass(frozen=True)
+class ReportRow:
+    label: str
+    directory: Path
+    report: dict[str, Any]
+
+
+def report_rows(schedule: Schedule) -> list[ReportRow]:
+    """Every finished stage marked `report` (its label, directory and report.json), in schedule order."""
     rows = []
     for stage in schedule.stages:
         report = schedule.root / stage.name / "report.json"
         if stage.report and report.is_file():
-            rows.append((stage.report, json.loads(report.read_text())))
+            rows.append(ReportRow(stage.report, report.parent, json.loads(report.read_text())))
     return rows
 
 
 def report_table(schedule: Schedule) -> str:
-    """The closing table (see the module docstring); "" when no stage reports."""
+    """The closing table (see the module docstring): each row's scores, its F1 against the first row's
+    paired over the same questions with a 95% interval (`memr1 compare`), and a sentence for each
+    comparison; "" when no stage reports."""
     rows = report_rows(schedule)
     if not rows:
         return ""
-    header = "| agent | " + " | ".join(title for _, title in REPORT_COLUMNS) + " | ΔF1 vs " + rows[0][0] + " | wall s |"
+    base = rows[0]
+    header = "| agent | " + " | ".join(title for _, title in REPORT_COLUMNS) + f" | ΔF1 vs {base.label} [95% CI] | wall s |"
     lines = [header, "|" + "---|" * (len(REPORT_COLUMNS) + 3)]
-    base, base_f1 = rows[0][0], float(rows[0][1]["scores"]["f1"])
-    for label, report in rows:
-        scores = report["scores"]
+    against_base = {row.label: compare_runs(base.directory, row.directory) for row in rows[1:]}
+    for row in rows:
+        scores = row.report["scores"]
         cells = [f"{float(scores.get(key, float('nan'))):.2f}" for key, _ in REPORT_COLUMNS]
-        delta = float(scores["f1"]) - base_f1
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {delta:+.2f} | {report['settings'].get('wall_time_s', '')} |")
-    questions = int(rows[0][1]["scores"].get("count", 0))
-    split = rows[0][1]["settings"].get("split", "")
+        delta = against_base[row.label].overall["f1"].interval.text() if row.label in against_base else "base"
+        lines.append(f"| {row.label} | " + " | ".join(cells) + f" | {delta} | {row.report['settings'].get('wall_time_s', '')} |")
+    questions = int(base.report["scores"].get("count", 0))
+    split = base.report["settings"].get("split", "")
     lines.append("")
-    lines.append(f"{questions} {split} questions, greedy decoding, the same questions and banks in every row.")
-    for label, report in rows[1:]:
-        delta = float(report["scores"]["f1"]) - base_f1
-        lines.append(f"{label} {_verdict(delta)} {base}: F1 {delta:+.2f}.")
-    f1 = {label: float(report["scores"]["f1"]) for label, report in rows}
+    lines.append(f"{questions} {split} questions, greedy decoding, the same questions and banks in every row; "
+                 "Δ paired over the questions, its 95% interval by bootstrap.")
+    for row in rows[1:]:
+        lines.append(_sentence(row.label, base.label, against_base[row.label]))
+    directories = {row.label: row.directory for row in rows}
     for stage in schedule.stages:
-        if stage.versus in f1 and stage.report in f1:
-            delta = f1[stage.report] - f1[stage.versus]
-            lines.append(f"{stage.report} {_verdict(delta)} {stage.versus}, the agent it was trained from: F1 {delta:+.2f}.")
+        if stage.versus in directories and stage.report in directories:
+            comparison = compare_runs(directories[stage.versus], directories[stage.report])
+            lines.append(_sentence(stage.report, f"{stage.versus}, the agent it was trained from", comparison))
     return "\n".join(lines)
 
 
-def _verdict(delta: float) -> str:
-    return "beats" if delta > 0 else "does NOT beat"
+def _sentence(label: str, other: str, comparison: Comparison) -> str:
+    """"B beats A" only when the interval excludes 0; the answers that changed say how far B moved."""
+    interval = comparison.overall["f1"].interval
+    verb = {"B better": "beats", "A better": "is worse than"}.get(interval.verdict(), "is within noise of")
+    return (f"{label} {verb} {other}: F1 {interval.text()}; {comparison.changed} of {comparison.common} answers differ.")

@@ -47,7 +47,7 @@ def test_two_runs_are_paired_over_the_questions_both_answered(tmp_path):
     })
     comparison = compare_runs(a, b)
     # Common: q1 (100 -> 100), q2 (0 -> 100), q3 (0 -> 100); q4 only in A, q5 and q6 only in B.
-    assert (comparison.common, comparison.only_a, comparison.only_b) == (3, 1, 2)
+    assert (comparison.common, comparison.only_a, comparison.only_b, comparison.changed) == (3, 1, 2, 2)
     f1 = comparison.overall["f1"]
     assert (f1.mean_a, f1.mean_b) == pytest.approx((100 / 3, 100.0))
     # Differences [0, 100, 100]: P(k = 0 draws of a 100) = 1/27 = 3.7% > 2.5%, so the interval starts

@@ -81,26 +81,34 @@ def test_every_stage_of_every_schedule_composes_and_passes_the_typed_checks(name
             assert cfg.algo.name == "reinforce", stage.name
 
 
-def write_report(directory: Path, f1: float, words: float) -> None:
+GOLDS = ("Rex", "2022", "three", "Paris")
+
+
+def write_report(directory: Path, f1: float, words: float, answers: tuple[str, ...]) -> None:
+    """A finished evaluation stage: report.json's scores and the predictions.jsonl they came from."""
     directory.mkdir(parents=True)
-    scores = {"f1": f1, "bleu1": f1 / 2, "em": 0.0, "format_error_rate": 50.0, "mean_answer_words": words, "count": 24}
+    scores = {"f1": f1, "bleu1": f1 / 2, "em": 0.0, "format_error_rate": 50.0, "mean_answer_words": words, "count": 4}
     (directory / "report.json").write_text(json.dumps({"scores": scores, "settings": {"split": "validation", "wall_time_s": 12.5}}))
+    rows = [{"qid": f"q{i}", "gold": gold, "prediction": answer, "category": 1} for i, (answer, gold) in enumerate(zip(answers, GOLDS))]
+    (directory / "predictions.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def test_the_closing_table_sets_each_row_against_the_base(tmp_path):
+def test_the_closing_table_sets_each_row_against_the_base_with_paired_intervals(tmp_path):
     schedule = load_schedule("demo", root=str(tmp_path))
-    write_report(tmp_path / "base-eval", 8.5, 14.0)
-    write_report(tmp_path / "sft-eval", 20.25, 3.0)
-    write_report(tmp_path / "grpo-eval", 7.0, 2.5)
-    table = report_table(schedule)
-    lines = table.splitlines()
-    assert lines[2] == "| base | 8.50 | 4.25 | 0.00 | 50.00 | 14.00 | +0.00 | 12.5 |"
-    assert lines[3] == "| SFT | 20.25 | 10.12 | 0.00 | 50.00 | 3.00 | +11.75 | 12.5 |"
-    assert "24 validation questions" in table
-    assert "SFT beats base: F1 +11.75." in lines
-    assert "SFT+GRPO does NOT beat base: F1 -1.50." in lines
-    # GRPO started from SFT: the table says whether it beat its own warm start too (7.00 - 20.25).
-    assert lines[-1] == "SFT+GRPO does NOT beat SFT, the agent it was trained from: F1 -13.25."
+    write_report(tmp_path / "base-eval", 0.0, 14.0, ("no", "no", "no", "no"))
+    write_report(tmp_path / "sft-eval", 100.0, 3.0, GOLDS)
+    write_report(tmp_path / "grpo-eval", 50.0, 2.5, ("Rex", "2022", "no", "no"))
+    lines = report_table(schedule).splitlines()
+    assert lines[2] == "| base | 0.00 | 0.00 | 0.00 | 50.00 | 14.00 | base | 12.5 |"
+    # Every question 0 -> 100: each resample's mean is 100, the interval [100, 100].
+    assert lines[3] == "| SFT | 100.00 | 50.00 | 0.00 | 50.00 | 3.00 | +100.00 [+100.00, +100.00] | 12.5 |"
+    assert "4 validation questions" in lines[6]
+    assert "SFT beats base: F1 +100.00 [+100.00, +100.00]; 4 of 4 answers differ." in lines
+    # Differences [100, 100, 0, 0]: a resample draws no 100 with probability 1/16 > 2.5%, so the
+    # interval reaches 0 (and 100 at the top): within noise, however large the mean.
+    assert "SFT+GRPO is within noise of base: F1 +50.00 [+0.00, +100.00]; 2 of 4 answers differ." in lines
+    # GRPO started from SFT: against its own warm start, differences [0, 0, -100, -100].
+    assert lines[-1] == "SFT+GRPO is within noise of SFT, the agent it was trained from: F1 -50.00 [-100.00, +0.00]; 2 of 4 answers differ."
 
 
 def test_versus_must_name_an_earlier_report(tmp_path):

@@ -76,6 +76,7 @@ class Comparison:
     common: int
     only_a: int
     only_b: int
+    changed: int = 0  # common questions whose predicted answer differs
     overall: dict[str, MetricRow] = field(default_factory=dict)
     by_category: dict[int, tuple[int, dict[str, MetricRow]]] = field(default_factory=dict)
 
@@ -84,7 +85,8 @@ class Comparison:
         row = self.overall[metric]
         words = row.interval.verdict()
         named = {"B better": f"{self.run_b} better than {self.run_a}", "A better": f"{self.run_a} better than {self.run_b}"}
-        return f"{named.get(words, 'within noise')}: {TITLES[metric]} {row.interval.text()} over {self.common} paired questions"
+        return (f"{named.get(words, 'within noise')}: {TITLES[metric]} {row.interval.text()} over {self.common} paired questions, "
+                f"{self.changed} answers differ")
 
     def to_json(self) -> dict[str, Any]:
         def rows(metrics: Mapping[str, MetricRow]) -> dict[str, Any]:
@@ -96,6 +98,7 @@ class Comparison:
 
         return {
             "a": self.run_a, "b": self.run_b, "common": self.common, "only_a": self.only_a, "only_b": self.only_b,
+            "changed": self.changed,
             "overall": rows(self.overall),
             "by_category": {str(c): {"n": n, **rows(metrics)} for c, (n, metrics) in self.by_category.items()},
         }
@@ -142,7 +145,8 @@ def compare_runs(run_a: str | Path, run_b: str | Path, resamples: int = 10_000, 
     common = [qid for qid in a if qid in b]
     if not common:
         raise ValueError(f"{run_a} and {run_b} answered no question in common: nothing to compare")
-    comparison = Comparison(str(run_a), str(run_b), len(common), len(a) - len(common), len(b) - len(common))
+    changed = sum(a[qid]["prediction"] != b[qid]["prediction"] for qid in common)
+    comparison = Comparison(str(run_a), str(run_b), len(common), len(a) - len(common), len(b) - len(common), changed)
     scores_a = {qid: question_scores(a[qid]) for qid in common}
     scores_b = {qid: question_scores(b[qid]) for qid in common}
     comparison.overall = _metric_rows([scores_a[q] for q in common], [scores_b[q] for q in common], resamples, seed)
