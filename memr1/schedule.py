@@ -21,6 +21,7 @@ whether the training beat that too. "Beats" means the interval excludes 0.
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import signal
@@ -228,7 +229,21 @@ def report_table(schedule: Schedule) -> str:
         if stage.versus in directories and stage.report in directories:
             comparison = compare_runs(directories[stage.versus], directories[stage.report])
             lines.append(_sentence(stage.report, f"{stage.versus}, the agent it was trained from", comparison))
+    for stage in schedule.stages:
+        probes = probe_rewards(schedule.root / stage.name) if stage.script == "train.py" else []
+        if len(probes) > 1:
+            shown = ", ".join(f"{reward:.3f} at step {step}" for step, reward in probes)
+            lines.append(f"{stage.name}: probe reward (the same training questions, sampled with one seed) {shown}.")
     return "\n".join(lines)
+
+
+def probe_rewards(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, train/probe_reward) of a training run's csv/metrics.csv, in step order."""
+    path = run_dir / "csv" / "metrics.csv"
+    if not path.is_file():
+        return []
+    with path.open(newline="") as file:
+        return [(int(row["step"]), float(row["train/probe_reward"])) for row in csv.DictReader(file) if row.get("train/probe_reward")]
 
 
 def _sentence(label: str, other: str, comparison: Comparison) -> str:

@@ -98,7 +98,12 @@ def test_the_closing_table_sets_each_row_against_the_base_with_paired_intervals(
     write_report(tmp_path / "base-eval", 0.0, 14.0, ("no", "no", "no", "no"))
     write_report(tmp_path / "sft-eval", 100.0, 3.0, GOLDS)
     write_report(tmp_path / "grpo-eval", 50.0, 2.5, ("Rex", "2022", "no", "no"))
+    (tmp_path / "answer-grpo" / "csv").mkdir(parents=True)
+    (tmp_path / "answer-grpo" / "csv" / "metrics.csv").write_text(
+        "step,reward/mean,train/probe_reward\n1,0.1,0.171\n2,0.2,\n6,0.3,0.2\n"
+    )
     lines = report_table(schedule).splitlines()
+    assert lines.pop() == "answer-grpo: probe reward (the same training questions, sampled with one seed) 0.171 at step 1, 0.200 at step 6."
     assert lines[2] == "| base | 0.00 | 0.00 | 0.00 | 50.00 | 14.00 | base | 12.5 |"
     # Every question 0 -> 100: each resample's mean is 100, the interval [100, 100].
     assert lines[3] == "| SFT | 100.00 | 50.00 | 0.00 | 50.00 | 3.00 | +100.00 [+100.00, +100.00] | 12.5 |"
