@@ -225,6 +225,7 @@ def measure_one(config: StepConfig) -> dict[str, Any]:
         "trainable_params": trainable,
         "torch_threads": torch.get_num_threads(),
         "seconds_per_step": seconds,
+        "step_seconds": [step["step"] for step in timed_steps],  # the spread behind the median
         "stage_seconds": {
             stage: statistics.median(step[stage] for step in timed_steps)
             for stage in ("score_batch", "advantages", "update")

@@ -7,8 +7,11 @@ Inputs:
   (scores, latency, settings) and `predictions.jsonl` (one prediction per question).
 - `--train LABEL=DIR` (repeatable): a `python train.py` run dir holding `curves.json` (reward/mean per
   step, validation scores per check), `csv/metrics.csv` (per-step logged metrics) and `train.log`.
-- `--base` / `--trained`: the two `--eval` labels whose predictions are compared (score deltas and a
-  seeded choice of sample questions, the same ids for both).
+- `--base` / `--trained`: the two `--eval` labels whose predictions are compared (paired differences
+  with their 95% bootstrap intervals, `memr1 compare`'s, and a seeded choice of sample questions, the
+  same ids for both).
+- `--versus B=A` (repeatable, labels): more pairs scored the same way, e.g. each RL row against the SFT
+  row it started from.
 - `--commands FILE`: optional `label<TAB>command` lines, the command behind each run.
 
 Outputs: `--json` (everything), `--markdown-out` (tables only, to paste into docs/cpu_lift.md) and
@@ -20,7 +23,8 @@ rescaled to 0-100 too.
         --eval "Answer Agent, base=runs/cpu_lift/eval-base" \\
         --eval "Answer Agent, GRPO=runs/cpu_lift/eval-answer-grpo" \\
         --train "answer GRPO=runs/cpu_lift/answer-grpo" --train "manager GRPO=runs/cpu_lift/manager-grpo" \\
-        --base "Answer Agent, base" --trained "Answer Agent, GRPO" --commands runs/cpu_lift/commands.tsv
+        --base "Answer Agent, base" --trained "Answer Agent, GRPO" --commands runs/cpu_lift/commands.tsv \\
+        --versus "Answer Agent, GRPO=Answer Agent, SFT"
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ from rich.table import Table
 
 from memr1.datasets.registry import category_names
 from memr1.metrics.lexical import token_f1
+from memr1.pipeline.compare import Comparison, compare_runs
+from memr1.pipeline.compare import markdown as comparison_markdown
 
 SCORES = (("f1", "F1"), ("bleu1", "BLEU-1"), ("em", "EM"))
 LENGTH_BUCKETS = ("0", "1", "2", "3", "4", "5", "6", "7-10", "11-20", ">20")
@@ -184,8 +190,21 @@ def eval_row(spec: RunSpec, command: str | None) -> tuple[dict, list[dict]]:
     return row, predictions
 
 
-def deltas(base: Mapping, trained: Mapping) -> dict[str, float]:
-    return {key: trained[key] - base[key] for key, _ in SCORES}
+def parse_pair(text: str) -> tuple[str, str]:
+    """`B=A` (two --eval labels): B compared against A; split on the last '=' as LABEL=DIR is."""
+    trained, sep, base = text.rpartition("=")
+    if not sep or not trained.strip() or not base.strip():
+        raise argparse.ArgumentTypeError(f"expected TRAINED=BASE (two --eval labels), got {text!r}")
+    return trained.strip(), base.strip()
+
+
+def compare_labels(base: str, trained: str, paths: Mapping[str, Path], seed: int) -> tuple[dict, str]:
+    """`trained` against `base`, paired over the questions both answered (`memr1 compare`): its JSON
+    (labels for run names) and its markdown table with the verdict."""
+    comparison: Comparison = compare_runs(paths[base], paths[trained], seed=seed)
+    comparison.run_a, comparison.run_b = base, trained
+    names = category_names(read_json(paths[base] / "report.json", f"--eval {base!r}")["settings"]["data"])
+    return comparison.to_json() | {"verdict": comparison.verdict()}, comparison_markdown(comparison, names)
 
 
 def sample_predictions(base: Sequence[dict], trained: Sequence[dict], count: int, seed: int) -> list[dict]:
@@ -336,14 +355,6 @@ def scores_table(rows: Sequence[dict]) -> str:
     return table(header, ["---", "---:", *["---:"] * (len(SCORES) + 2), "---", *["---:"] * 3], body)
 
 
-def deltas_table(base: str, trained: str, delta: Mapping[str, float]) -> str:
-    return table(
-        ["Δ", *(title for _, title in SCORES)],
-        ["---", *["---:"] * len(SCORES)],
-        [[cell(f"{trained} − {base}"), *(f"{delta[key]:+.2f}" for key, _ in SCORES)]],
-    )
-
-
 def category_table(rows: Sequence[dict]) -> str:
     categories = sorted({int(c) for row in rows for c in row["per_category"]})
     names = {}
@@ -412,7 +423,8 @@ def training_table(runs: Sequence[dict]) -> str:
 def markdown(report: dict) -> str:
     base, trained = report["comparison"]["base"], report["comparison"]["trained"]
     sections = [
-        ("Scores (0-100)", scores_table(report["eval"]) + "\n\n" + deltas_table(base, trained, report["comparison"]["deltas"])),
+        ("Scores (0-100)", scores_table(report["eval"])),
+        *((f"{pair['b']} against {pair['a']} (paired, 95% bootstrap interval)", pair["markdown"]) for pair in report["comparisons"]),
         ("F1 by category", category_table(report["eval"])),
         ("Answer length", length_table(report["eval"])),
         (f"Samples: {base} vs {trained} (seed {report['comparison']['seed']})", samples_table(report["comparison"]["samples"])),
@@ -464,7 +476,7 @@ def plot_training(runs: Sequence[dict], path: Path) -> None:
 # --- main --------------------------------------------------------------------------------------
 
 
-def print_summary(console: Console, rows: Sequence[dict], delta: Mapping[str, float], trained: str) -> None:
+def print_summary(console: Console, rows: Sequence[dict], comparisons: Sequence[dict]) -> None:
     summary = Table(title="CPU lift: evaluation rows")
     for name in ("run", "n", *(title for _, title in SCORES), "format err %", "mean words", "wall min"):
         summary.add_column(name, justify="left" if name == "run" else "right")
@@ -477,8 +489,9 @@ def print_summary(console: Console, rows: Sequence[dict], delta: Mapping[str, fl
             f"{row['mean_answer_words']:.1f}",
             f"{row['wall_time_s'] / 60:.1f}",
         )
-    summary.add_row(f"Δ {trained}", "", *(f"{delta[key]:+.2f}" for key, _ in SCORES), "", "", "")
     console.print(summary)
+    for pair in comparisons:
+        console.print(pair["verdict"])
 
 
 def main() -> None:
@@ -488,6 +501,8 @@ def main() -> None:
     parser.add_argument("--train", help="a train.py run dir (repeatable)", **run_dir)
     parser.add_argument("--base", required=True, help="the --eval label compared against")
     parser.add_argument("--trained", required=True, help="the --eval label compared with --base")
+    parser.add_argument("--versus", type=parse_pair, action="append", default=[], metavar="TRAINED=BASE",
+                        help="another pair of --eval labels to compare (repeatable)")
     parser.add_argument("--commands", type=Path, help="label<TAB>command lines: the command behind each run")
     parser.add_argument("--samples", type=int, default=20, help="sample questions shown for --base vs --trained")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample question draw")
@@ -501,7 +516,8 @@ def main() -> None:
     if duplicates:
         parser.error(f"labels must be unique across --eval and --train: {duplicates}")
     eval_labels = [spec.label for spec in args.eval]
-    for option, label in (("--base", args.base), ("--trained", args.trained)):
+    pairs = [(args.trained, args.base), *args.versus]
+    for option, label in (("--base", args.base), ("--trained", args.trained), *(("--versus", label) for pair in args.versus for label in pair)):
         if label not in eval_labels:
             parser.error(f"{option} {label!r} is not an --eval label; expected one of {eval_labels}")
     console = Console(width=150)
@@ -512,15 +528,18 @@ def main() -> None:
     evaluated = [eval_row(spec, commands.get(spec.label)) for spec in args.eval]
     rows = [row for row, _ in evaluated]
     predictions = {row["label"]: rows_predictions for row, rows_predictions in evaluated}
-    base_row, trained_row = (next(row for row in rows if row["label"] == label) for label in (args.base, args.trained))
-    delta = deltas(base_row, trained_row)
+    paths = {spec.label: spec.path for spec in args.eval}
+    comparisons = []
+    for trained, base in pairs:
+        result, table_markdown = compare_labels(base, trained, paths, args.seed)
+        comparisons.append(result | {"markdown": table_markdown})
     report = {
         "generated_by": shlex.join([sys.executable, *sys.argv]),
         "eval": rows,
+        "comparisons": comparisons,
         "comparison": {
             "base": args.base,
             "trained": args.trained,
-            "deltas": delta,
             "seed": args.seed,
             "samples": sample_predictions(predictions[args.base], predictions[args.trained], args.samples, args.seed),
         },
@@ -532,7 +551,7 @@ def main() -> None:
     args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False))
     args.markdown_out.write_text(markdown(report))
     plot_training(report["train"], args.figure)
-    print_summary(console, rows, delta, args.trained)
+    print_summary(console, rows, comparisons)
     console.print(f"wrote {args.json}, {args.markdown_out}, {args.figure}")
 
 

@@ -60,7 +60,7 @@ def test_two_runs_are_paired_over_the_questions_both_answered(tmp_path):
     n2, category2 = comparison.by_category[2]
     assert (n1, category1["f1"].interval.delta, n2, category2["f1"].interval.delta) == (2, 50.0, 1, 100.0)
     assert category2["f1"].interval.verdict() == "B better"
-    assert "within noise: F1 +66.67 [+0.00, +100.00] over 3 paired questions" in comparison.verdict()
+    assert f"{comparison.run_b} within noise of {comparison.run_a}: F1 +66.67 [+0.00, +100.00] over 3 paired questions" in comparison.verdict()
 
 
 def test_the_command_prints_the_table_and_writes_json(tmp_path, capsys):

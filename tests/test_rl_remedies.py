@@ -1,10 +1,12 @@
 """DAPO's remedies and the run-time precision on a tiny random Llama with the real SmolLM2 tokenizer and
 a real Lightning Trainer: flat groups re-drawn until the step is full or the cap is hit, the overlong
 penalty in the reward, RLOO's and Dr. GRPO's advantages through the module, bf16 chosen only where the
-CPU reports bf16 units, and in bf16 the update's log-probs equal to pi_old's (ratio 1 within 1e-3)."""
+CPU reports bf16 units, in bf16 the update's log-probs equal to pi_old's (ratio 1 within 1e-3), and
+the frozen weights held in bf16 computing exactly what autocast computes."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import pytest
@@ -14,10 +16,12 @@ from torch.utils.data import DataLoader
 
 from memr1.envs.base import Reward
 from memr1.llm.loading import load_tokenizer
-from memr1.llm.precision import FP32, choose_precision, cpu_flags
+from memr1.llm.lora import apply_lora
+from memr1.llm.precision import FP32, FrozenLinearCopies, choose_precision, cpu_flags
 from memr1.llm.testing import tiny_causal_lm
 from memr1.modules.base import RLModule
 from memr1.rl.algorithms import AlgoConfig
+from memr1.rl.batch import RolloutBatch, response_logprobs
 
 
 class SpreadEnv:
@@ -138,14 +142,63 @@ def test_bf16_is_chosen_only_where_the_cpu_reports_bf16_units(tmp_path):
 
 
 def test_in_bf16_the_update_starts_on_policy(tokenizer):
-    """In bf16 the sampler's log-probs (one token at a time) are not the update's (whole sequences):
-    pi_old is recomputed by the update's own forward, so the first ratio is 1 within 1e-3."""
+    """In bf16 the sampler's log-probs (one token at a time) are not the update's (whole sequences). A
+    single pass (one epoch, one mini-batch) takes pi_old from the update's own forward, detached: the
+    ratio is exactly 1 and nothing is computed before. With more passes pi_old is recomputed by the
+    update's forward beforehand, so the first epoch's ratio is 1 within 1e-3."""
     bf16 = choose_precision("bf16", "cpu")
-    algo = AlgoConfig(name="grpo", group_size=3, actor_lr=1e-3, kl_coef=0.0, micro_batch_size=2, temperature=0.7)
-    module = RLModule(tiny_causal_lm(tokenizer, seed=1, init_std=0.02), tokenizer, SpreadEnv(3), algo, max_new_tokens=6, seed=3, precision=bf16)
-    run_step(module, ScriptedStates(["spread-a", "spread-b"], draws=[]))
-    batch, _ = module.last_rollout
-    assert abs(module.step_metrics["actor/approx_kl"]) < 1e-3 and module.step_metrics["actor/clip_frac"] == 0.0
+    for epochs in (1, 2):
+        algo = AlgoConfig(name="grpo", group_size=3, actor_lr=1e-3, kl_coef=0.0, micro_batch_size=2, temperature=0.7, ppo_epochs=epochs)
+        module = RLModule(tiny_causal_lm(tokenizer, seed=1, init_std=0.02), tokenizer, SpreadEnv(3), algo, max_new_tokens=6, seed=3, precision=bf16)
+        run_step(module, ScriptedStates(["spread-a", "spread-b"], draws=[]))
+        batch, _ = module.last_rollout
+        if epochs == 1:
+            assert batch.old_logprobs is None
+            assert module.step_metrics["actor/approx_kl"] == 0.0 and module.step_metrics["actor/clip_frac"] == 0.0
+        else:
+            assert batch.old_logprobs is not None
+            assert abs(module.step_metrics["actor/approx_kl/epoch0"]) < 1e-3 and module.step_metrics["actor/clip_frac/epoch0"] == 0.0
+            assert module.step_metrics["actor/approx_kl/epoch1"] != 0.0  # the second pass is off-policy: the clip can act
     # The fp32 module reuses the sampler's log-probs; the bf16 one does not.
     assert RLModule(tiny_causal_lm(tokenizer), tokenizer, SpreadEnv(3), algo, precision=FP32)._reuse_sampler_logprobs
-    assert not module._reuse_sampler_logprobs and batch.old_logprobs is not None
+    assert not module._reuse_sampler_logprobs
+
+
+def test_frozen_weights_held_in_bf16_compute_what_autocast_computes(tokenizer):
+    """The bf16 copies of a LoRA model's frozen weights give the same log-probs and LoRA gradients as
+    autocast's per-call casts, bit for bit; the fp32 weights are back afterwards, and the tied
+    embedding / lm_head is left in fp32."""
+    torch.manual_seed(0)
+    model = apply_lora(tiny_causal_lm(tokenizer, seed=2, init_std=0.02), r=4, dropout=0.0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.05)  # a trained adapter: its path contributes to the gradient
+    ids = torch.randint(3, len(tokenizer), (2, 9), generator=torch.Generator().manual_seed(0))
+    batch = RolloutBatch(ids, torch.ones_like(ids), ids[:, 5:], torch.ones(2, 4), torch.zeros(2))
+    bf16 = choose_precision("bf16", "cpu")
+    copies = FrozenLinearCopies(bf16)
+    masters = {name: (param.data_ptr(), param.dtype) for name, param in model.named_parameters()}
+
+    def logprobs_and_grads(swap: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad()
+        with bf16.autocast("cpu"), copies.swapped(model) if swap else contextlib.nullcontext():
+            if swap:
+                frozen = [p for n, p in model.named_parameters() if "proj.base_layer" in n or "mlp" in n and "lora" not in n]
+                assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
+                assert model.get_input_embeddings().weight.dtype == torch.float32
+                assert model.get_output_embeddings().weight.dtype == torch.bfloat16  # tied to it outside the context
+            logprobs, _ = response_logprobs(model, batch)
+            logprobs.sum().backward()
+        return logprobs.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    plain, plain_grads = logprobs_and_grads(swap=False)
+    swapped, swapped_grads = logprobs_and_grads(swap=True)
+    assert torch.equal(plain, swapped)
+    assert plain_grads.keys() == swapped_grads.keys() and all(torch.equal(plain_grads[n], swapped_grads[n]) for n in plain_grads)
+    assert all((param.data_ptr(), param.dtype) == masters[name] for name, param in model.named_parameters())
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    again, _ = logprobs_and_grads(swap=True)  # the copies are cached, and still right
+    assert torch.equal(plain, again)
+    with FrozenLinearCopies(FP32).swapped(model):
+        assert all(param.dtype == torch.float32 for param in model.parameters())

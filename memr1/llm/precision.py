@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 log = logging.getLogger(__name__)
 
@@ -97,3 +98,42 @@ def choose_precision(setting: str, device: torch.device | str, flags: frozenset[
         chosen = Precision(torch.float32, f"fp32: precision=auto and this machine has none of {', '.join(BF16_CPU_FLAGS)}")
     log.info("precision %s", chosen.reason)
     return chosen
+
+
+class FrozenLinearCopies:
+    """The frozen `nn.Linear` weights of a model, held once in the compute dtype.
+
+    Autocast casts an fp32 weight to bf16 at every call: with LoRA (the base frozen) that is thousands
+    of copies per update, 0.2 s of a 2.7 s top-10 update on the EPYC above. The weights it would make
+    are the same each time, so `swapped` hands each frozen Linear a bf16 copy made once and gives the
+    fp32 weight back on exit: the forward computes exactly what autocast computes (the bf16 matmul casts
+    its input as before), minus the casts. The fp32 weights stay the masters; the copies cost 2 bytes
+    per frozen weight. A head tied to the input embedding gets its copy too, the embedding keeps its
+    fp32 weight (a bf16 lookup would put the residual stream in bf16). No-op in fp32; not for sharded
+    (FSDP) modules, whose weights the strategy owns.
+    """
+
+    def __init__(self, precision: Precision) -> None:
+        self.precision = precision
+        self._copies: dict[nn.Linear, nn.Parameter] = {}
+
+    @contextlib.contextmanager
+    def swapped(self, model: nn.Module) -> Iterator[None]:
+        """Every frozen fp32 `nn.Linear` of `model` computing with its cached copy in the compute dtype."""
+        if self.precision.is_fp32:
+            yield
+            return
+        masters: list[tuple[nn.Linear, nn.Parameter]] = []
+        try:
+            for module in model.modules():
+                if not isinstance(module, nn.Linear) or module.weight.requires_grad or module.weight.dtype != torch.float32:
+                    continue
+                copy = self._copies.get(module)
+                if copy is None:
+                    copy = self._copies[module] = nn.Parameter(module.weight.detach().to(self.precision.dtype), requires_grad=False)
+                masters.append((module, module.weight))
+                module.weight = copy
+            yield
+        finally:
+            for module, master in masters:
+                module.weight = master

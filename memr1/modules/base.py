@@ -9,8 +9,9 @@ One training step:
    engine — the policy itself through `HFEngine`, or vLLM kept in sync by `VLLMWeightSync`; with LoRA
    on the top layers, the frozen layers below run once per token (`memr1.llm.trunk`), here or in 3;
 2. reward: the environment scores each response (never raising on malformed output);
-3. old log-probs (unless the policy sampled them itself), reference log-probs for the KL and critic
-   values for PPO, by forward passes without gradients, in micro-batches;
+3. old log-probs (unless the policy sampled them itself in fp32, or the update is a single pass, which
+   takes them from its own forward), reference log-probs for the KL and critic values for PPO, by
+   forward passes without gradients, in micro-batches;
 4. advantages: GAE over the critic's values (PPO) or group-normalised scores (GRPO);
 5. `ppo_epochs` passes over shuffled mini-batches, each accumulating gradients over micro-batches
    before one optimiser step of the actor (and of the critic for PPO).
@@ -31,7 +32,7 @@ from torch import nn
 from memr1.envs.base import Environment, Reward
 from memr1.interrupt import raise_if_requested
 from memr1.llm.engines import Generation, GenerationEngine, HFEngine
-from memr1.llm.precision import FP32, Precision
+from memr1.llm.precision import FP32, FrozenLinearCopies, Precision
 from memr1.llm.sampling import SamplingConfig
 from memr1.llm.sharding import clip_grad_norm, is_sharded
 from memr1.llm.trunk import frozen_trunk_depth
@@ -39,7 +40,7 @@ from memr1.modules.held_out import HeldOutRewards
 from memr1.rl import core
 from memr1.rl.algorithms import AlgoConfig
 from memr1.rl.batch import RolloutBatch, pack_rollouts, response_logprobs, response_values, trunk_hidden_states
-from memr1.rl.update import update_actor_critic
+from memr1.rl.update import single_pass, update_actor_critic
 
 
 @runtime_checkable
@@ -89,11 +90,13 @@ class RLModule(HeldOutRewards, LightningModule):
         self.max_new_tokens = max_new_tokens  # the trained agent's decoding cap (answer/manager.max_new_tokens)
         self.seed = seed
         self.precision = precision
+        self._frozen_copies = FrozenLinearCopies(precision)
         # None: the policy samples for itself. A vLLM engine is set by train.py and kept in sync.
         self.engine = engine or HFEngine(policy, tokenizer, batch_size=max(algo.micro_batch_size, 8), precision=precision)
         # The sampler's log-probs are pi_old's when the policy sampled for itself in fp32 (the HF engine's
         # equal a forward pass within 1e-4). vLLM's, and bf16 decoding's (a token at a time rounds
-        # differently from the update's whole-sequence forward), are recomputed by the update's forward.
+        # differently from the update's whole-sequence forward), are the update's own: from its forward
+        # when it is a single pass (`single_pass`), recomputed by that forward beforehand otherwise.
         self._policy_samples_itself = engine is None
         self._reuse_sampler_logprobs = engine is None and precision.is_fp32
         self.automatic_optimization = False
@@ -281,14 +284,14 @@ class RLModule(HeldOutRewards, LightningModule):
 
     @torch.no_grad()
     def _score_batch(self, batch: RolloutBatch) -> None:
-        """Fill old log-probs (unless the rollout gave them), reference log-probs (when the KL is on)
+        """Fill old log-probs (unless the rollout gave them or the update is a `single_pass`), reference log-probs (when the KL is on)
         and critic values."""
         self.policy.eval()
         if self._trunk_depth and batch.trunk_hidden is None:
             batch.trunk_hidden = torch.cat(
                 [trunk_hidden_states(self.policy, mb, self._trunk_depth, self._sharing) for mb in self._micro_checked(batch)]
             )
-        if batch.old_logprobs is None:
+        if batch.old_logprobs is None and not single_pass(self.algo, len(batch)):
             batch.old_logprobs = torch.cat([self._logprobs(self.policy, mb)[0] for mb in self._micro_checked(batch)])
         if self.algorithm.uses_reference(self.algo):
             with self._reference() as reference:
@@ -315,6 +318,18 @@ class RLModule(HeldOutRewards, LightningModule):
         )
         if returns is not None:
             batch.returns = returns
+
+    @contextlib.contextmanager
+    def compute_precision(self) -> Iterator[None]:
+        """The scoring forwards' and the update's precision: autocast, with the frozen weights held in
+        its dtype (`FrozenLinearCopies`: the same numbers without a cast per call). The rollout keeps
+        fp32 weights: bf16 weights decoded slower (docs/performance.md)."""
+        with self.precision.autocast(self.device):
+            if self._sharded:
+                yield
+            else:
+                with self._frozen_copies.swapped(self.policy):
+                    yield
 
     # -- update (memr1.rl.update): the Learner's side ---------------------------------------------------
     def _update(self, batch: RolloutBatch) -> dict[str, float]:
@@ -393,7 +408,7 @@ class RLModule(HeldOutRewards, LightningModule):
         self.last_rollout = (batch, rewards)  # read by SampleLog and by tests
         group_ids = [index for index in range(len(batch) // self._group) for _ in range(self._group)]
         started = time.perf_counter()
-        with self.precision.autocast(self.device):
+        with self.compute_precision():
             self._score_batch(batch)
             self._advantages(batch, group_ids)
             update_stats = self._update(batch)

@@ -59,7 +59,7 @@ class SupervisedStep(RLModule):
         # whatever the micro-batch size.
         denominator = self.denominator(batch.response_mask)
         loss_sum = 0.0
-        with self.precision.autocast(self.device):
+        with self.compute_precision():
             for micro in batch.minibatches(self.algo.micro_batch_size):
                 raise_if_requested()  # before the optimizer step nothing has changed: a stop loses nothing
                 logprobs, _ = response_logprobs(self.policy, micro, share_prompt=False)
@@ -87,7 +87,7 @@ class SupervisedStep(RLModule):
     def sft_loss_of(self, states: list[Any]) -> float:
         """The SFT loss of `states` under the current policy, without a step (tests, diagnostics)."""
         batch, _ = self.sft_batch(states)
-        with self.precision.autocast(self.device):
+        with self.compute_precision():
             logprobs, _ = response_logprobs(self.policy, batch, share_prompt=False)
         denominator = core.LossDenominator.of(batch.response_mask, norm_length=self.max_new_tokens)
         return float(core.sft_loss(logprobs, batch.response_mask.float(), self.algo.loss_agg_mode, denominator))

@@ -84,8 +84,9 @@ class Comparison:
         """The overall verdict on `metric`, in words that name the runs."""
         row = self.overall[metric]
         words = row.interval.verdict()
-        named = {"B better": f"{self.run_b} better than {self.run_a}", "A better": f"{self.run_a} better than {self.run_b}"}
-        return (f"{named.get(words, 'within noise')}: {TITLES[metric]} {row.interval.text()} over {self.common} paired questions, "
+        named = {"B better": f"{self.run_b} better than {self.run_a}", "A better": f"{self.run_a} better than {self.run_b}",
+                 "within noise": f"{self.run_b} within noise of {self.run_a}"}
+        return (f"{named[words]}: {TITLES[metric]} {row.interval.text()} over {self.common} paired questions, "
                 f"{self.changed} answers differ")
 
     def to_json(self) -> dict[str, Any]:

@@ -52,6 +52,13 @@ class Learner(Protocol):
         ...
 
 
+def single_pass(algo: AlgoConfig, rows: int) -> bool:
+    """Whether the update is one optimiser step over the whole rollout batch (one epoch, one
+    mini-batch): then the policy being updated is pi_old itself, and its own forward, detached, is
+    pi_old's log-probs (verl's on-policy shortcut), so none need computing beforehand."""
+    return algo.ppo_epochs == 1 and (algo.mini_batch_size == 0 or algo.mini_batch_size >= rows)
+
+
 def update_actor_critic(
     learner: Learner,
     batch: RolloutBatch,
@@ -61,10 +68,12 @@ def update_actor_critic(
     with_critic: bool,
 ) -> dict[str, float]:
     """`algo.ppo_epochs` passes over `batch` (advantages, old log-probs and, for PPO, old values and
-    returns filled in), shuffled by whole groups of `group_size` rows into mini-batches of
+    returns filled in; old log-probs may be None for a `single_pass` update), shuffled by whole groups of `group_size` rows into mini-batches of
     `algo.mini_batch_size` rows (0: the whole batch). Returns the mean of each logged statistic over
     the mini-batches; the per-token ones weighted by tokens."""
     mini_size = algo.mini_batch_size or len(batch)
+    if batch.old_logprobs is None and not single_pass(algo, len(batch)):
+        raise ValueError("old log-probs are needed: the update makes more than one pass over the batch")
     minibatches = [mb for _ in range(algo.ppo_epochs) for mb in batch.minibatches(mini_size, generator, group_size=group_size)]
     sums: dict[str, float] = {}
     weights: dict[str, float] = {}
@@ -83,9 +92,10 @@ def update_actor_critic(
             mask = micro.response_mask.float()
             share = float(mask.sum()) / local_tokens  # of this rank's tokens: weights the logged means
             logprobs, entropy = learner.policy_logprobs(micro)
+            old_logprobs = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
             pg_loss, pg_stats = core.policy_loss(
                 logprobs,
-                micro.old_logprobs,
+                old_logprobs,
                 micro.advantages,
                 mask,
                 clip_ratio_low=algo.clip_ratio_low,
