@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 from processes import free_port
 
@@ -172,9 +173,88 @@ def test_an_oversized_payload_is_refused(service):
     assert response.status_code == 413 and "limit" in response.text
 
 
+def test_a_chunked_oversized_body_is_refused_as_it_arrives(service):
+    """No Content-Length: the 2 MiB arrive in 64 KiB chunks and are counted as they come."""
+    body = json.dumps({"messages": [{"role": "user", "content": "y" * (2 << 20)}], "user_id": "chunked"}).encode()
+
+    def chunks() -> Iterator[bytes]:
+        for start in range(0, len(body), 1 << 16):
+            yield body[start : start + (1 << 16)]
+
+    response = httpx.post(f"{service}/memories", content=chunks(), headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 413 and "the limit is 1048576" in response.text
+    assert httpx.get(f"{service}/memories", params={"user_id": "chunked"}, timeout=30).json()["results"] == []
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        # The scope (user_id=...) is the bank's 1,024-byte speaker field: refused, not a 200 with an error inside.
+        ({"messages": [{"role": "user", "content": "I like tea"}], "user_id": "u" * 1100}, 400, "user_id"),
+        # Under the 1 MiB body limit, over a memory's 65,535-byte text field.
+        ({"messages": [{"role": "user", "content": "z" * 70_000}], "user_id": "refused-long"}, 400, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": "I like tea"}], "user_id": "refused-nan", "metadata": {"w": [1, float("nan")]}}, 422, "metadata.w[1]"),
+    ],
+)
+def test_a_refused_write_is_a_4xx_and_stores_nothing(service, body, status, field):
+    with httpx.Client(base_url=service, timeout=60) as client:
+        # json.dumps writes NaN as JavaScript does; httpx's json= would refuse to send it.
+        response = client.post("/memories", content=json.dumps(body), headers={"content-type": "application/json"})
+        assert response.status_code == status, response.text
+        assert field in response.text
+        if len(body["user_id"]) < 1000:
+            assert client.get("/memories", params={"user_id": body["user_id"]}).json()["results"] == []
+
+
+def test_a_non_finite_threshold_is_refused(service):
+    body = json.dumps({"query": "tea", "user_id": "a", "threshold": float("nan")})
+    response = httpx.post(f"{service}/search", content=body, headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 422 and "threshold" in response.text
+
+
 def test_the_chat_completions_route_speaks_openai(service):
     reply = OpenAICompatibleClient(f"{service}/v1", "memr1").chat([{"role": "user", "content": "Say hi"}], max_tokens=4)
     assert isinstance(reply, str)
+
+
+def test_the_openai_client_lists_models_chats_and_streams(service):
+    client = openai.OpenAI(base_url=f"{service}/v1", api_key="unused", max_retries=0)
+    served = [model.id for model in client.models.list().data]
+    assert len(served) == 1
+    parts = [{"type": "text", "text": "Say hi"}, {"type": "text", "text": "to Ann"}]  # the current OpenAI shape
+    reply = client.chat.completions.create(model="any", messages=[{"role": "user", "content": parts}], max_completion_tokens=3, temperature=0)
+    assert reply.model == served[0] and reply.choices[0].finish_reason == "length"  # the tiny model is cut at 3 tokens
+    assert reply.usage.completion_tokens == 3 and reply.usage.total_tokens == reply.usage.prompt_tokens + 3 > 3
+    stream = client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": parts}], max_tokens=3, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == reply.choices[0].message.content
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices and chunk.choices[0].finish_reason] == ["length"]
+    assert chunks[-1].usage.total_tokens == reply.usage.total_tokens
+    # Sampling is honoured: the same seed gives the same sample.
+    sampled = [
+        client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=1.0, seed=7).choices[0].message.content
+        for _ in range(2)
+    ]
+    assert sampled[0] == sampled[1]
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"n": 2}, "n"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, "messages[0].content[0].type"),
+    ],
+)
+def test_what_the_server_cannot_honour_is_refused_by_name(service, extra, field):
+    client = openai.OpenAI(base_url=f"{service}/v1", api_key="unused", max_retries=0)
+    request = {"model": "any", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2} | extra
+    with pytest.raises(openai.BadRequestError, match=re.escape(field)):
+        client.chat.completions.create(**request)
 
 
 def test_eight_writers_and_readers_lose_and_duplicate_nothing(service):

@@ -30,9 +30,23 @@ class OpenAICompatibleClient:
 
     def chat(self, messages: Sequence[Mapping[str, str]], max_tokens: int | None = None, temperature: float = 0.0) -> str:
         """The first choice's message content for `messages`."""
+        choice, _ = self.completion(messages, max_tokens=max_tokens, temperature=temperature)
+        return choice["message"]["content"] or ""
+
+    def completion(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        max_tokens: int | None = None,
+        temperature: float = 0.0,
+        top_p: float | None = None,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> tuple[dict, dict | None]:
+        """The first choice (`message`, `finish_reason`) and the `usage` (None when the endpoint
+        reports none) for `messages`."""
         body: dict = {"model": self.model, "messages": [dict(m) for m in messages], "temperature": temperature}
-        if max_tokens is not None:
-            body["max_tokens"] = max_tokens
+        optional = {"max_tokens": max_tokens, "top_p": top_p, "stop": list(stop) or None, "seed": seed}
+        body.update({key: value for key, value in optional.items() if value is not None})
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -52,6 +66,10 @@ class OpenAICompatibleClient:
                     ) from error
             time.sleep(0.5 * 2**attempt)
         try:
-            return payload["choices"][0]["message"]["content"] or ""
+            choice = payload["choices"][0]
+            if not isinstance(choice["message"], dict):
+                raise TypeError
         except (KeyError, IndexError, TypeError):
             raise ValueError(f"endpoint {self.endpoint}: unexpected reply {str(payload)[:200]}") from None
+        usage = payload.get("usage")
+        return choice, usage if isinstance(usage, dict) else None

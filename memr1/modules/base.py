@@ -41,6 +41,7 @@ from memr1.rl import core
 from memr1.rl.algorithms import AlgoConfig
 from memr1.rl.batch import RolloutBatch, pack_rollouts, response_logprobs, response_values, trunk_hidden_states
 from memr1.rl.update import single_pass, update_actor_critic
+from memr1.seeds import stream_seed
 
 
 @runtime_checkable
@@ -160,8 +161,8 @@ class RLModule(HeldOutRewards, LightningModule):
             temperature=self.algo.temperature,
             top_p=self.algo.top_p,
             n=self._group,
-            # A seed per step (and draw): a resumed run samples exactly what the unbroken run sampled.
-            seed=self.seed * 1_000_003 + self.global_step + 7_919 * draw,
+            # A stream per step (and draw): a resumed run samples exactly what the unbroken run sampled.
+            seed=stream_seed(self.seed, "rollout", self.global_step, draw),
         )
 
     def sample(self, states: Sequence[Any], draw: int = 0) -> list[tuple[Generation, Reward]]:
@@ -333,7 +334,7 @@ class RLModule(HeldOutRewards, LightningModule):
 
     # -- update (memr1.rl.update): the Learner's side ---------------------------------------------------
     def _update(self, batch: RolloutBatch) -> dict[str, float]:
-        generator = torch.Generator().manual_seed(self.seed * 7919 + self.global_step)
+        generator = torch.Generator().manual_seed(stream_seed(self.seed, "minibatch_order", self.global_step))
         return update_actor_critic(
             self, batch, self.algo, generator, self._group, self.critic is not None)
 

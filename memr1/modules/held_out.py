@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from memr1.seeds import stream_seed
+
 
 class HeldOutRewards:
     """Needs the host module's `policy`, `engine`, `env`, `seed`, `probe`, `probe_every_n_steps`,
@@ -20,7 +22,7 @@ class HeldOutRewards:
     def probe_reward(self) -> float:
         """Mean reward of the probe states, sampled as rollouts are but with one fixed seed, so that
         two probes differ by what the policy learned, not by which questions or samples were drawn."""
-        sampling = replace(self.rollout_sampling(), seed=self.seed * 1_000_003 - 1)
+        sampling = replace(self.rollout_sampling(), seed=stream_seed(self.seed, "probe"))
         was_training = self.policy.training
         self.policy.eval()
         outputs = self.engine.generate([self.env.prompt(state) for state in self.probe], sampling)
@@ -35,7 +37,7 @@ class HeldOutRewards:
         environment, kept for `val/sampled_reward`; nothing when the option is off."""
         if not self.val_sampled_reward:
             return
-        sampling = replace(self.rollout_sampling(), n=1, seed=self.seed * 1_000_003 + 7 * self.global_step + len(self._val_sampled))
+        sampling = replace(self.rollout_sampling(), n=1, seed=stream_seed(self.seed, "validation_sample", self.global_step, len(self._val_sampled)))
         outputs = self.engine.generate([self.env.prompt(state) for state in states], sampling)
         rewards = self.env.score(list(states), [samples[0].text for samples in outputs])
         self._val_sampled.extend(reward.score for reward in rewards)

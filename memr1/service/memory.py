@@ -31,6 +31,7 @@ from memr1.agents.extractor import FactExtractor
 from memr1.agents.manager import ManagerAgent
 from memr1.embed import Embedder
 from memr1.memory import MemoryBank, MemoryBankError, UnknownMemoryError
+from memr1.memory.records import MAX_TEXT_BYTES
 from memr1.service.models import TextModel
 from memr1.service.scopes import EVENTS, SCOPE_KEYS, MemoryNotFound, collection_of, now, scope_of
 from memr1.types import Fact, MemoryEntry, MemoryOp, OpKind, Turn
@@ -336,6 +337,9 @@ class Memory:
             content = message.get("content") if isinstance(message, Mapping) else None
             if not isinstance(content, str) or not content.strip():
                 raise ValueError(f"messages[{index}].content: expected a non-empty string")
+            size = len(content.strip().encode("utf-8", errors="replace"))
+            if size > MAX_TEXT_BYTES:  # a memory's text field: refused before anything is written
+                raise ValueError(f"messages[{index}].content: {size} UTF-8 bytes, over a memory's limit of {MAX_TEXT_BYTES}")
             role = str(message.get("role", "user"))
             speaker = scope if role == "user" else role
             turns.append(Turn(dia_id=f"M{index}", speaker=speaker, text=content.strip(), session=0, date_time=""))

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 from memr1.llm.openai_client import OpenAICompatibleClient
 from memr1.llm.sampling import SamplingConfig
@@ -15,11 +16,24 @@ Messages = Sequence[Mapping[str, str]]
 EMBEDDED_DEFAULT = "embedded:smollm2-135m-instruct"
 
 
+@dataclass(frozen=True)
+class Completion:
+    """One reply as the OpenAI protocol reports it."""
+
+    text: str
+    finish_reason: Literal["stop", "length"]  # "length": cut at the token budget
+    prompt_tokens: int
+    completion_tokens: int
+
+
 class TextModel(Protocol):
     name: str
 
     def complete(self, prompts: Sequence[Messages], max_new_tokens: int) -> list[str]:
         """One greedy reply per chat prompt."""
+
+    def chat(self, messages: Messages, sampling: SamplingConfig) -> Completion:
+        """One reply to `messages`, decoded as `sampling` says (temperature, top_p, stop, seed, budget)."""
 
 
 class LocalModel:
@@ -45,6 +59,11 @@ class LocalModel:
             outputs = self.engine.generate(list(prompts), SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))
         return [samples[0].text for samples in outputs]
 
+    def chat(self, messages: Messages, sampling: SamplingConfig) -> Completion:
+        with self._lock:
+            reply = self.engine.generate([messages], sampling)[0][0]
+        return Completion(reply.text, reply.finish_reason, len(reply.prompt_ids), len(reply.response_ids))
+
 
 class RemoteModel:
     """A model behind an OpenAI-compatible `/v1/chat/completions` endpoint."""
@@ -55,6 +74,15 @@ class RemoteModel:
 
     def complete(self, prompts: Sequence[Messages], max_new_tokens: int) -> list[str]:
         return [self.client.chat(prompt, max_tokens=max_new_tokens) for prompt in prompts]
+
+    def chat(self, messages: Messages, sampling: SamplingConfig) -> Completion:
+        choice, usage = self.client.completion(
+            messages, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+            stop=sampling.stop, seed=sampling.seed,
+        )
+        usage = usage or {}
+        finish = "length" if choice.get("finish_reason") == "length" else "stop"
+        return Completion(choice["message"].get("content") or "", finish, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
 
 
 def text_model(

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from memr1.memory.records import MAX_SPEAKER_BYTES
 from memr1.types import OpKind
 
 SCOPE_KEYS = ("user_id", "agent_id", "run_id")
@@ -39,7 +40,12 @@ def scope_of(user_id: str | None = None, agent_id: str | None = None, run_id: st
         parts.append(f"{key}={value.strip()}")
     if not parts:
         raise ValueError("at least one of user_id, agent_id, run_id is required")
-    return "&".join(parts)
+    scope = "&".join(parts)
+    size = len(scope.encode("utf-8", errors="replace"))
+    if size > MAX_SPEAKER_BYTES:  # the bank's speaker field holds the scope: refused before any write
+        named = ", ".join(key for key in SCOPE_KEYS if ids[key] is not None)
+        raise ValueError(f"{named}: the scope they make ({size} UTF-8 bytes) is over the limit of {MAX_SPEAKER_BYTES}")
+    return scope
 
 
 def collection_of(scope: str) -> str:

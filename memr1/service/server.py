@@ -1,9 +1,12 @@
 """`memr1 serve`: a `Memory` behind Mem0's REST routes, plus `POST /answer`, `POST /memories/{id}/restore`,
-`GET /health` and an OpenAI-compatible `POST /v1/chat/completions` for the loaded model.
+`GET /health` and the OpenAI-compatible `/v1/chat/completions` and `/v1/models` for the loaded model
+(`memr1.service.openai_api`).
 
 Bad input is a 4xx naming the field: 422 for a malformed body (FastAPI's validation, with the field's
 location), 400 for a value the memory layer refuses (empty messages, no user_id), 404 for an unknown
-memory id, 413 for a body over `max_body_bytes`, 401 without the API key when one is set. Route
+memory id, 413 for a body over `max_body_bytes` (counted as it arrives, so a chunked body is held to it
+too), 401 without the API key when one is set. Every refusal is decided before anything is written:
+a 200 means the write happened. Route
 handlers are plain functions, run in the server's thread pool; `Memory` serialises each bank's
 operations, so concurrent writers and readers never see half an operation.
 """
@@ -11,28 +14,78 @@ operations, so concurrent writers and readers never see half an operation.
 from __future__ import annotations
 
 import hmac
-import time
-import uuid
+import math
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.types import ASGIApp, Message as ASGIMessage, Receive, Scope, Send
 
 from memr1.service.memory import Memory, MemoryNotFound
 from memr1.service.models import TextModel
+from memr1.service.openai_api import install_error_shapes, openai_router
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far above any conversation chunk, far below what would hurt
+# Request bodies are JSON with finite numbers only: NaN or Infinity is a 422 naming the field.
+STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` is a 413, whether its Content-Length says so
+    up front or its chunks add up to it as they arrive (the handler's read of the body is cut there)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    def refusal(self, size: str) -> HTTPException:
+        return HTTPException(status_code=413, detail=f"body of {size} bytes; the limit is {self.max_bytes}")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"").decode()
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            error = self.refusal(declared)
+            await JSONResponse(status_code=error.status_code, content={"detail": error.detail})(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> ASGIMessage:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # FastAPI passes an HTTPException raised while reading the body on as itself.
+                    raise self.refusal(f"more than {self.max_bytes}")
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def finite_json(value: Any, where: str) -> Any:
+    """`value` (parsed JSON) unchanged, or a ValueError naming the first non-finite number in it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: {value} is not a finite number")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            finite_json(item, f"{where}.{key}")
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            finite_json(item, f"{where}[{index}]")
+    return value
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     role: str = Field(min_length=1, max_length=64)
     content: str = Field(min_length=1)
 
 
 class MemoryCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     messages: list[Message] = Field(min_length=1)
     user_id: str | None = None
     agent_id: str | None = None
@@ -40,14 +93,19 @@ class MemoryCreate(BaseModel):
     metadata: dict[str, Any] | None = None
     infer: bool = True
 
+    @field_validator("metadata")
+    @classmethod
+    def _finite_metadata(cls, metadata: dict[str, Any] | None) -> dict[str, Any] | None:
+        return finite_json(metadata, "metadata")
+
 
 class MemoryUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     text: str = Field(min_length=1)
 
 
 class SearchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     query: str = Field(min_length=1)
     user_id: str | None = None
     agent_id: str | None = None
@@ -58,18 +116,11 @@ class SearchRequest(BaseModel):
 
 
 class AnswerRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     question: str = Field(min_length=1)
     user_id: str | None = None
     agent_id: str | None = None
     run_id: str | None = None
-
-
-class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # OpenAI clients send more fields (temperature, ...)
-    model: str | None = None
-    messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1, le=4096)
 
 
 def create_app(memory: Memory, chat_model: TextModel | None = None, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
@@ -78,12 +129,8 @@ def create_app(memory: Memory, chat_model: TextModel | None = None, api_key: str
     app = FastAPI(title="memr1 memory service", version="1")
     chat_model = chat_model or memory.answerer
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Any) -> Any:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-            return JSONResponse(status_code=413, content={"detail": f"body of {declared} bytes; the limit is {max_body_bytes}"})
-        return await call_next(request)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    install_error_shapes(app)
 
     def authorised(request: Request) -> None:
         if api_key is None:
@@ -159,17 +206,6 @@ def create_app(memory: Memory, chat_model: TextModel | None = None, api_key: str
     def answer(body: AnswerRequest) -> dict[str, Any]:
         return call(memory.answer, body.question, user_id=body.user_id, agent_id=body.agent_id, run_id=body.run_id)
 
-    @app.post("/v1/chat/completions", dependencies=auth)
-    def chat(body: ChatRequest) -> dict[str, Any]:
-        if chat_model is None:
-            raise HTTPException(status_code=400, detail="no model loaded to chat with (memr1 serve --answer-model ...)")
-        text = chat_model.complete([[m.model_dump() for m in body.messages]], body.max_tokens or 256)[0]
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.model or chat_model.name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-        }
+    app.include_router(openai_router(chat_model, auth, call))
 
     return app

@@ -1,0 +1,180 @@
+"""The OpenAI-compatible routes of `memr1 serve`: `POST /v1/chat/completions` (plain and streamed as
+server-sent events) and `GET /v1/models`, for the model the service loaded, so that the official
+`openai` client, Mem0's OpenAI provider and other OpenAI-speaking tools can call it.
+
+What the protocol asks is honoured or refused, never silently ignored: content as a string or as a list
+of text parts; `max_tokens` / `max_completion_tokens`, `temperature` (OpenAI's default 1.0),
+`top_p`, `stop`, `seed`; `finish_reason` "length" when the reply was cut at its budget; `usage`; for
+a stream, `stream_options.include_usage`. A request for what the service cannot do (n > 1, log-probs,
+tools, penalties, a logit bias, a `response_format` other than text, non-text content parts) is a 400
+naming the field. A stream carries the reply in one content chunk once it is decoded (the local
+engine does not yield tokens as it goes).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from pydantic import BaseModel, ConfigDict, Field
+
+from memr1.llm.sampling import SamplingConfig
+from memr1.service.models import Completion, TextModel
+
+DEFAULT_MAX_TOKENS = 256
+# Fields that would change the reply in ways the service does not implement: refused, not ignored.
+# Each maps to the value that asks for nothing (the OpenAI default).
+UNSUPPORTED = {"n": 1, "logprobs": False, "top_logprobs": None, "tools": None, "tool_choice": None,
+               "functions": None, "function_call": None, "frequency_penalty": 0, "presence_penalty": 0,
+               "logit_bias": None, "audio": None, "modalities": None, "prediction": None}
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)  # name, tool_call_id, ...
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)  # user, metadata, store, ...: no effect on the reply
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1, le=4096)
+    max_completion_tokens: int | None = Field(None, ge=1, le=4096)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    response_format: dict[str, Any] | None = None
+
+
+def message_texts(request: ChatRequest) -> list[dict[str, str]]:
+    """The messages as {role, content} strings; text parts are joined, any other part is refused."""
+    messages = []
+    for index, message in enumerate(request.messages):
+        content = message.content
+        if isinstance(content, list):
+            for part_index, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise HTTPException(400, f"messages[{index}].content[{part_index}].type: {part.type!r} parts are not supported (text only)")
+            content = "\n".join(part.text or "" for part in content)
+        messages.append({"role": "system" if message.role == "developer" else message.role, "content": content or ""})
+    return messages
+
+
+def sampling_of(request: ChatRequest) -> SamplingConfig:
+    """The request's decoding settings, after refusing what the service does not implement."""
+    extras = request.model_extra or {}
+    for field, neutral in UNSUPPORTED.items():
+        if field in extras and extras[field] not in (neutral, None, [], {}):
+            raise HTTPException(400, f"{field}: {extras[field]!r} is not supported by this server")
+    if request.response_format is not None and request.response_format.get("type", "text") != "text":
+        raise HTTPException(400, f"response_format: {request.response_format.get('type')!r} is not supported by this server (text only)")
+    if request.max_tokens and request.max_completion_tokens and request.max_tokens != request.max_completion_tokens:
+        raise HTTPException(400, "max_tokens and max_completion_tokens disagree: send one")
+    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    if len(stop) > 4 or any(not text for text in stop):
+        raise HTTPException(400, f"stop: up to 4 non-empty strings, got {stop!r}")
+    return SamplingConfig(
+        max_new_tokens=request.max_completion_tokens or request.max_tokens or DEFAULT_MAX_TOKENS,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        stop=tuple(stop),
+        seed=request.seed,
+    )
+
+
+def openai_router(chat_model: TextModel | None, dependencies: list[Any], errors: Callable[..., Any]) -> APIRouter:
+    """The routes for `chat_model` (None: chat refused with a 400); `errors` maps the model's own
+    refusals (a ValueError) to 4xx, as the other routes do."""
+    router = APIRouter(dependencies=dependencies)
+    created = int(time.time())
+
+    def served() -> TextModel:
+        if chat_model is None:
+            raise HTTPException(status_code=400, detail="no model loaded to chat with (memr1 serve --answer-model ...)")
+        return chat_model
+
+    @router.get("/v1/models")
+    def models() -> dict[str, Any]:
+        listed = [] if chat_model is None else [{"id": chat_model.name, "object": "model", "created": created, "owned_by": "memr1"}]
+        return {"object": "list", "data": listed}
+
+    @router.post("/v1/chat/completions", response_model=None)
+    def chat(request: ChatRequest) -> dict[str, Any] | StreamingResponse:
+        model = served()
+        messages, sampling = message_texts(request), sampling_of(request)
+        reply: Completion = errors(model.chat, messages, sampling)
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": model.name}
+        usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+                 "total_tokens": reply.prompt_tokens + reply.completion_tokens}
+        if not request.stream:
+            return {**head, "object": "chat.completion", "usage": usage, "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": reply.text}, "finish_reason": reply.finish_reason}]}
+        with_usage = request.stream_options is not None and request.stream_options.include_usage
+        return StreamingResponse(stream_events(head, reply, usage if with_usage else None), media_type="text/event-stream")
+
+    return router
+
+
+def field_of(location: tuple[Any, ...] | list[Any]) -> str:
+    """A validation error's location as the field's path: ("body", "messages", 0, "content") ->
+    "messages[0].content"."""
+    path = ""
+    for part in location[1:] if location and location[0] in ("body", "query", "path") else location:
+        path += f"[{part}]" if isinstance(part, int) else f"{'.' if path else ''}{part}"
+    return path
+
+
+def install_error_shapes(app: FastAPI) -> None:
+    """Errors as each client expects them: under /v1/ in OpenAI's shape (`{"error": {"message",
+    "type", "param"}}`, which the openai client shows), elsewhere FastAPI's `{"detail": ...}`. A
+    validation error never echoes the input back (a NaN would not serialise: a 500 instead of a 422)."""
+
+    def respond(request: Request, status: int, message: str, param: str | None, detail: Any) -> JSONResponse:
+        if request.url.path.startswith("/v1/"):
+            kind = "invalid_request_error" if status < 500 else "server_error"
+            return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "param": param, "code": None}})
+        return JSONResponse(status_code=status, content={"detail": detail})
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in error.errors()]
+        message = "; ".join(f"{field_of(p['loc'])}: {p['msg']}" for p in problems)
+        return respond(request, 422, message, field_of(problems[0]["loc"]) if problems else None, problems)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def refused(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        message = str(error.detail)
+        return respond(request, error.status_code, message, message.split(":", 1)[0] if ":" in message else None, error.detail)
+
+
+def stream_events(head: dict[str, Any], reply: Completion, usage: dict[str, int] | None) -> Iterator[str]:
+    """The reply as `chat.completion.chunk` server-sent events: the role, the content, the finish
+    reason, the usage when asked (with empty choices, as OpenAI sends it), then `[DONE]`."""
+    chunk = {**head, "object": "chat.completion.chunk"}
+    deltas = [({"role": "assistant", "content": ""}, None), ({"content": reply.text}, None), ({}, reply.finish_reason)]
+    for delta, finish in deltas:
+        yield f"data: {json.dumps({**chunk, 'choices': [{'index': 0, 'delta': delta, 'finish_reason': finish}]})}\n\n"
+    if usage is not None:
+        yield f"data: {json.dumps({**chunk, 'choices': [], 'usage': usage})}\n\n"
+    yield "data: [DONE]\n\n"
