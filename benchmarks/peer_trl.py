@@ -128,7 +128,11 @@ def run_memr1(args: argparse.Namespace, dumped: dict[str, Any]) -> dict[str, Any
         return rows[step * args.states : (step + 1) * args.states]
 
     class DumpedPrompts:
-        """The dumped rows as states: their prompt as given, their reward the shared F1."""
+        """The dumped rows as states: their prompt as given, their reward the shared F1; `agent` is the
+        module's (the no-distill Answer Agent), which its step metrics read."""
+
+        def __init__(self, agent: Any) -> None:
+            self.agent = agent
 
         def prompt(self, row: dict[str, Any]) -> list[dict[str, str]]:
             return row["prompt"]
@@ -136,7 +140,7 @@ def run_memr1(args: argparse.Namespace, dumped: dict[str, Any]) -> dict[str, Any
         def score(self, rows: list[dict[str, Any]], responses: list[str]) -> list[Reward]:
             return [Reward(f1_reward(text, row["gold"]), None, {}) for row, text in zip(rows, responses)]
 
-    module.env = DumpedPrompts()
+    module.env = DumpedPrompts(module.env.agent)
     module.engine.eos_token_ids = frozenset(dumped["eos_token_ids"])
     steps: list[dict[str, float]] = []
 

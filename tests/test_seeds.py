@@ -25,6 +25,7 @@ def test_no_two_streams_of_a_long_run_share_a_seed():
     torch.Generator().manual_seed(max(seeds))  # in torch's range
 
 
+@pytest.mark.slow
 def test_a_stream_is_the_same_in_another_process():
     code = "from memr1.seeds import stream_seed; print(stream_seed(7, 'rollout', 12, 1))"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": "123"})

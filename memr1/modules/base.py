@@ -285,8 +285,8 @@ class RLModule(HeldOutRewards, LightningModule):
 
     @torch.no_grad()
     def _score_batch(self, batch: RolloutBatch) -> None:
-        """Fill old log-probs (unless the rollout gave them or the update is a `single_pass`), reference log-probs (when the KL is on)
-        and critic values."""
+        """Fill old log-probs (unless the rollout gave them or the update is a `single_pass`), reference
+        log-probs (when the KL is on) and critic values."""
         self.policy.eval()
         if self._trunk_depth and batch.trunk_hidden is None:
             batch.trunk_hidden = torch.cat(

@@ -68,9 +68,9 @@ def update_actor_critic(
     with_critic: bool,
 ) -> dict[str, float]:
     """`algo.ppo_epochs` passes over `batch` (advantages, old log-probs and, for PPO, old values and
-    returns filled in; old log-probs may be None for a `single_pass` update), shuffled by whole groups of `group_size` rows into mini-batches of
-    `algo.mini_batch_size` rows (0: the whole batch). Returns the mean of each logged statistic over
-    the mini-batches; the per-token ones weighted by tokens."""
+    returns filled in; old log-probs may be None for a `single_pass` update), shuffled by whole groups
+    of `group_size` rows into mini-batches of `algo.mini_batch_size` rows (0: the whole batch). Returns
+    the mean of each logged statistic over the mini-batches; the per-token ones weighted by tokens."""
     mini_size = algo.mini_batch_size or len(batch)
     if batch.old_logprobs is None and not single_pass(algo, len(batch)):
         raise ValueError("old log-probs are needed: the update makes more than one pass over the batch")
