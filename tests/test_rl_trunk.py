@@ -149,7 +149,9 @@ def test_an_rl_step_reusing_the_trunk_trains_as_one_that_does_not_and_skips_the_
     # Two micro-batches of one group each; a shared-prompt pass runs the prompt (1 row), then its 3 responses.
     if separate_engine:
         assert reused_bottom == [1, 3] * 2  # one trunk pass before the update
-        assert plain_bottom == [1, 3] * 2 * 3  # old log-probs, reference, policy: each through every layer
+        # reference, policy, each through every layer (a single-pass update takes the old log-probs
+        # from the policy's own forward)
+        assert plain_bottom == [1, 3] * 2 * 2
     else:
         assert reused_bottom == []  # the rollout recorded the trunk's states
         assert plain_bottom == [1, 3] * 2 * 2  # reference, policy
