@@ -111,7 +111,7 @@ def openai_router(chat_model: TextModel | None, dependencies: list[Any], errors:
 
     def served() -> TextModel:
         if chat_model is None:
-            raise HTTPException(status_code=400, detail="no model loaded to chat with (memr1 serve --answer-model ...)")
+            raise HTTPException(status_code=400, detail="no model loaded to chat with (memr1 serve --answer base|DIR|openai:URL#MODEL)")
         return chat_model
 
     @router.get("/v1/models")
