@@ -23,7 +23,7 @@ from memr1.llm.sharding import submodule_state
 from memr1.llm.testing import save_tiny_checkpoint
 from memr1.modules.sft import AnswerSFTModule
 from memr1.rl import core
-from memr1.teachers import EndpointTeacher, EvidenceAnswerTeacher, RuleManagerTeacher, TeacherTrajectories
+from memr1.teachers import EndpointTeacher, EvidenceAnswerTeacher, RuleManagerTeacher, TeacherTrajectories, closest_to_answer
 from memr1.types import Fact, MemoryEntry, OpKind, Question
 from tests.processes import free_port
 
@@ -97,6 +97,25 @@ def test_the_evidence_teacher_copies_the_evidence_memories_then_the_gold_answer(
     assert EvidenceAnswerTeacher(distill=False).target(state, []) == "**Answer:** Lisbon"
 
 
+def test_without_retrieved_evidence_the_teacher_lists_the_memory_closest_to_the_answer():
+    env = AnswerEnv(AnswerAgent(distill=True))
+    # No memory cites D9:9. "Bo visited Ann in Lisbon" shares "lisbon" with the gold answer; so does
+    # nothing else, so it is listed although it ranks lower than Ann's memories.
+    missed = Question("conv-x/q2", "conv-x", "Where did Ann move?", "Lisbon", ("D9:9",), 4)
+    state = AnswerState(missed, {**MEMORIES, "Ann": [MEMORIES["Ann"][1]]})
+    target = EvidenceAnswerTeacher().target(state, env.prompt(state))
+    assert target == "**Relevant memories:**\n[unknown date] Bo visited Ann in Lisbon\n**Answer:** Lisbon"
+    assert env.agent.parse(target).format_error is None
+    # No memory shares a word with the answer: the better retrieval score wins, then the earlier one.
+    low = MemoryEntry("a", "Ann likes tea", "Ann", "1 May", provenance=("D1:2",), score=0.2)
+    high = MemoryEntry("b", "Bo runs", "Bo", "2 May", provenance=("D1:3",), score=0.7)
+    assert closest_to_answer([low, high], "Porto") is high
+    assert closest_to_answer([MEMORIES["Ann"][1], MEMORIES["Bo"][0]], "Porto") is MEMORIES["Ann"][1]
+    # Nothing retrieved: the list stays empty (the prompt showed no memory to copy).
+    empty = AnswerState(missed, {"Ann": [], "Bo": []})
+    assert EvidenceAnswerTeacher().target(empty, env.prompt(empty)) == "**Relevant memories:**\n**Answer:** Lisbon"
+
+
 def test_the_rule_teacher_adds_unless_a_same_speaker_memory_is_a_near_duplicate():
     fact = Fact("Ann moved to Lisbon in May", "Ann", ("D2:4",), 2, "9 May, 2023")
     close_other_speaker = MemoryEntry("m9", "Bo moved to Lisbon in May", "Bo", score=0.95)
@@ -151,6 +170,13 @@ def test_trajectories_are_cached_with_provenance_and_read_back(tmp_path):
     second = TeacherTrajectories(again, path)
     assert len(second) == 2
     assert second.targets([other], [env.prompt(other)]) == [targets[1]] and again.calls == 0
+    # Rows another teacher wrote (an older version's targets) are not read back: its states are asked anew.
+    renamed = CountingTeacher()
+    renamed.name = "counting-v2"
+    third = TeacherTrajectories(renamed, path)
+    assert len(third) == 0
+    third.targets([other], [env.prompt(other)])
+    assert renamed.calls == 1
 
 
 def test_an_unreachable_teacher_endpoint_fails_with_its_address():
