@@ -29,6 +29,7 @@ from memr1.datasets.locomo import (
     split_conversations,
     split_stats,
 )
+from memr1.shipped import is_shipped
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,8 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model", default="embedded:smollm2-135m-instruct", help=f"the backbone of all three agents: {model_help}")
-    parser.add_argument("--manager", default="none", help="the Memory Manager: 'none' (ADD every fact), 'base' (the prompted backbone), a trained policy/ export dir, or openai:URL#MODEL")
-    parser.add_argument("--answer", default="base", help="the Answer Agent: 'base', a trained policy/ export dir, openai:URL#MODEL, or 'none'")
+    parser.add_argument("--manager", default="none", help="the Memory Manager: 'none' (ADD every fact), 'base' (the prompted backbone), a shipped agent (trained:NAME), a trained policy/ export dir, or openai:URL#MODEL")
+    parser.add_argument("--answer", default="base", help="the Answer Agent: 'base', a shipped agent (trained:NAME), a trained policy/ export dir, openai:URL#MODEL, or 'none'")
     parser.add_argument("--extractor", default="none", help="fact extraction: 'none' (each user message is a fact), 'base', or openai:URL#MODEL")
     parser.add_argument("--k", type=int, default=30, help="memories shown to the Answer Agent (the paper: 30 per speaker)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="the Answer Agent's reply budget (room to list memories)")
@@ -156,8 +157,8 @@ def _agent_model(choice: str, backbone: str, models: dict, precision: str = "aut
         return text_model(choice, models=models)
     if backbone.startswith("openai:"):
         raise ValueError(f"{choice!r}: a trained export runs locally; --model must be a local backbone, not {backbone}")
-    if not Path(choice).is_dir():
-        raise ValueError(f"{choice!r}: expected 'none', 'base' or a policy export directory")
+    if not is_shipped(choice) and not Path(choice).is_dir():
+        raise ValueError(f"{choice!r}: expected 'none', 'base', a shipped agent (trained:NAME) or a policy export directory")
     return text_model(backbone, adapter=choice, models=models, precision=precision)
 
 
@@ -230,6 +231,35 @@ def _run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- agents --------------------------------------------------------------------------------------
+
+
+def _configure_agents(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="the cards as JSON")
+
+
+def _run_agents(args: argparse.Namespace) -> int:
+    from memr1.shipped import TRAINED_PREFIX, card, shipped_agents
+
+    cards = [card(TRAINED_PREFIX + name) for name in shipped_agents()]
+    if args.json:
+        print(json.dumps(cards, indent=2))
+        return 0
+    table = Table(title="shipped agents (use as ckpt=trained:NAME, --answer trained:NAME, ...)")
+    for column in ("name", "agent", "warm start", "split", "F1", "ΔF1 vs its start [95%]"):
+        table.add_column(column)
+    for entry in cards:
+        evaluation = entry["evaluation"]
+        versus = evaluation.get("versus")
+        delta = "" if not versus else (
+            f"{versus['overall']['f1']['delta']:+.2f} [{versus['overall']['f1']['low']:+.2f}, {versus['overall']['f1']['high']:+.2f}]"
+        )
+        table.add_row(TRAINED_PREFIX + entry["name"], entry["agent"], entry["warm_start"] or "-", evaluation["split"],
+                      f"{evaluation['scores'].get('f1', float('nan')):.2f}", delta)
+    Console().print(table if cards else "no shipped agents")
+    return 0
+
+
 SUBCOMMANDS: list[Subcommand] = [
     Subcommand(
         name="data-summary",
@@ -248,6 +278,12 @@ SUBCOMMANDS: list[Subcommand] = [
         help="paired comparison of evaluation runs: ΔF1 / ΔBLEU-1 / ΔEM with 95% bootstrap intervals and a verdict",
         configure=_configure_compare,
         run=_run_compare,
+    ),
+    Subcommand(
+        name="agents",
+        help="the trained agents shipped with memr1 (trained:NAME), with what they score",
+        configure=_configure_agents,
+        run=_run_agents,
     ),
     Subcommand(
         name="pipeline",

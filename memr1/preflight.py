@@ -15,6 +15,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from memr1.shipped import is_shipped, shipped_path
+
 # The typed groups of each entry point (dataclasses of memr1.config), checked key by key before anything
 # heavy. A preset for both entry points may hold train-only groups (algo): evaluate.py ignores them.
 TRAIN_GROUPS = ("algo", "answer", "manager", "banks")
@@ -33,6 +35,17 @@ def looks_like_path(name: str) -> bool:
 def check_dir(key: str, value: str | None, what: str) -> None:
     if value is not None and not Path(value).expanduser().is_dir():
         raise FileNotFoundError(f"{key}={value}: no such directory ({what})")
+
+
+def check_export(key: str, value: str | None, what: str) -> None:
+    """A policy export: a directory, or a shipped agent's `trained:NAME`."""
+    if value is not None and is_shipped(value):
+        try:
+            shipped_path(value)
+        except FileNotFoundError as missing:
+            raise FileNotFoundError(f"{key}={missing}") from None
+        return
+    check_dir(key, value, what)
 
 
 def check_backbone(backbone: DictConfig) -> None:
@@ -170,8 +183,8 @@ def check_train(cfg: DictConfig) -> None:
     elif cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
         raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path}: no such checkpoint file")
     trained = "answer" if cfg.model.agent == "answer" else "manager"
-    check_dir("answer.ckpt", cfg.answer.ckpt, "the warm start" if trained == "answer" else "the frozen Answer Agent's policy export")
-    check_dir("manager.ckpt", cfg.manager.ckpt, "the warm start" if trained == "manager" else "the Manager export that writes the banks")
+    check_export("answer.ckpt", cfg.answer.ckpt, "the warm start" if trained == "answer" else "the frozen Answer Agent's policy export")
+    check_export("manager.ckpt", cfg.manager.ckpt, "the warm start" if trained == "manager" else "the Manager export that writes the banks")
     algorithm = instantiate_group(cfg.algo).algorithm
     check_no_ignored_overrides(algorithm, command_line_overrides())
     if cfg.model.get("credit") == "counterfactual" and algorithm.trains_on_rollouts and algorithm.flat_groups_are_zero:
@@ -188,9 +201,9 @@ def check_evaluate(cfg: DictConfig) -> None:
     check_typed_groups(cfg, EVALUATE_GROUPS)
     check_data(cfg.data)
     check_backbone(cfg.backbone)
-    check_dir("answer.ckpt" if cfg.get("ckpt") is None else "ckpt", cfg.answer.ckpt, "a policy export: runs/train/.../policy/best or last")
-    check_dir("manager.ckpt", cfg.manager.ckpt, "a trained Memory Manager's policy export")
-    check_dir("memory.ckpt", cfg.memory.get("ckpt"), "the fact extractor's policy export")
+    check_export("answer.ckpt" if cfg.get("ckpt") is None else "ckpt", cfg.answer.ckpt, "a policy export: runs/train/.../policy/best or last")
+    check_export("manager.ckpt", cfg.manager.ckpt, "a trained Memory Manager's policy export")
+    check_export("memory.ckpt", cfg.memory.get("ckpt"), "the fact extractor's policy export")
 
 
 def remove_if_empty_run(run_dir: Path, log_name: str) -> None:

@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from memr1.metrics import QAMetrics, bleu1, bleu_tokens, exact_match, f1_tokens, normalize_answer, token_f1
+from memr1.metrics.lexical import bleu1, bleu_tokens, exact_match, f1_tokens, normalize_answer, token_f1
+from memr1.metrics.qa import QAMetrics
 
 E_INV = math.exp(-1)  # BLEU brevity penalty exp(1 - 4/2) for 2 predicted tokens against 4 gold ones
 

@@ -25,6 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from memr1.llm.cache import atomic_directory, cache_root
+from memr1.shipped import WARM_START_FILE, is_shipped, shipped_path
 
 EMBEDDED_PREFIX = "embedded:"
 
@@ -197,19 +198,19 @@ def load_policy(
     return model.eval(), tokenizer
 
 
-WARM_START_FILE = "warm_start.json"
-
-
 def write_warm_start(export_dir: str | os.PathLike[str], init: str | os.PathLike[str]) -> None:
-    """Record in a LoRA export that its adapter was trained on top of the checkpoint `init`."""
-    (Path(export_dir) / WARM_START_FILE).write_text(json.dumps({"init": str(Path(init).resolve())}) + "\n")
+    """Record in a LoRA export that its adapter was trained on top of the checkpoint `init` (a shipped
+    agent by its `trained:` name, anything else by its absolute path)."""
+    pointer = str(init) if is_shipped(init) else str(Path(init).resolve())
+    (Path(export_dir) / WARM_START_FILE).write_text(json.dumps({"init": pointer}) + "\n")
 
 
 def checkpoint_chain(adapter: str | os.PathLike[str]) -> list[Path]:
     """The checkpoints to apply to the backbone, first to last: `adapter`'s warm starts (each LoRA
-    export names its own in `warm_start.json`), then `adapter` itself; each one must exist."""
+    export names its own in `warm_start.json`), then `adapter` itself; each one must exist. Any of them
+    may be a shipped agent's `trained:NAME`."""
     chain: list[Path] = []
-    current: Path | None = Path(adapter)
+    current: Path | None = shipped_path(adapter)
     while current is not None:
         if current in chain:
             raise ValueError(f"adapter {adapter}: its warm starts loop back to {current}")
@@ -223,7 +224,7 @@ def checkpoint_chain(adapter: str | os.PathLike[str]) -> list[Path]:
             )
         chain.insert(0, current)
         pointer = current / WARM_START_FILE
-        current = Path(json.loads(pointer.read_text())["init"]) if pointer.is_file() else None
+        current = shipped_path(json.loads(pointer.read_text())["init"]) if pointer.is_file() else None
     return chain
 
 

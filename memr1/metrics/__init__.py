@@ -1,6 +1,10 @@
-"""Answer metrics of the Mem0 LoCoMo protocol (EM, token F1, BLEU-1) and their torchmetrics wrapper."""
+"""Answer metrics of the Mem0 LoCoMo protocol and what memr1 adds to them.
 
-from memr1.metrics.lexical import bleu1, bleu_tokens, exact_match, f1_tokens, normalize_answer, token_f1
-from memr1.metrics.qa import QAMetrics
+- `lexical`: EM, token F1, BLEU-1 (Mem0's tokenisation), the RL reward's normalisation
+- `qa`: `QAMetrics`, their torchmetrics wrapper (validation in training)
+- `distill`: the selected memories' recall and precision of the question's evidence
+- `judge`: the LLM-as-a-judge verdict
 
-__all__ = ["QAMetrics", "bleu1", "bleu_tokens", "exact_match", "f1_tokens", "normalize_answer", "token_f1"]
+Submodules are imported directly (`from memr1.metrics.lexical import token_f1`): this package imports
+nothing itself, so reading scores (`memr1 compare`, reports) never pays for importing torch.
+"""

@@ -9,7 +9,7 @@ import torch
 from memr1.agents.answer import MISSING_MEMORY_LIST
 from memr1.envs.answer import AnswerEnv, AnswerState
 from memr1.envs.base import Reward
-from memr1.metrics import QAMetrics
+from memr1.metrics.qa import QAMetrics
 from memr1.modules.base import RLModule
 
 

@@ -104,7 +104,8 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     answer = answer_config(cfg)
     recipe = bank_recipe(cfg)
     banks_cfg = banks_config(cfg)
-    models = ModelCache(cfg.backbone, cfg.engine, answer.batch_size, run_precision(cfg))
+    precision = run_precision(cfg)
+    models = ModelCache(cfg.backbone, cfg.engine, answer.batch_size, precision)
     embedder = Embedder()
     facts_cache = store_location(recipe, banks_cfg.dir, banks_cfg.uri)[1].with_suffix(".facts.jsonl")
     items = memory_items_for(cfg, conversations, models, facts_cache, timer)
@@ -171,6 +172,7 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "bank_recipe": dataclasses.asdict(recipe),
         "memory": cfg.memory.source,
         "backbone": cfg.backbone.name_or_path,
+        "precision": precision.name,  # greedy answers can differ between precisions: a re-score uses this one
         "answer": dataclasses.asdict(answer),
         "bank_sizes": bank_sizes,
         "manager_format_errors": getattr(policy, "format_errors", 0),

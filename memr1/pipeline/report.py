@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from memr1.metrics import QAMetrics
+from memr1.metrics.qa import QAMetrics
 from memr1.metrics.judge import Verdict
 from memr1.pipeline.answering import Prediction
 
