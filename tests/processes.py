@@ -1,16 +1,16 @@
 """Helpers of the tests that run real processes: free loopback ports, a tiny-model train.py run as a
-subprocess, and ways to kill it."""
+subprocess, armed with a fault point (memr1/faults.py) where a test kills or stops it."""
 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
+
+from memr1.faults import FAULT_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,44 +40,25 @@ def train_command(backbone: Path, run_dir: Path, banks_dir: Path, *extra: str) -
     ]
 
 
-def environment() -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline"}
+def environment(fault: str | None = None) -> dict[str, str]:
+    """The subprocess environment; `fault` arms a fault point (memr1/faults.py: `POINT:HIT[:ACTION]`)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline"}
+    env.pop(FAULT_ENV, None)
+    if fault is not None:
+        env[FAULT_ENV] = fault
+    return env
 
 
-def run(command: list[str], log: Path, timeout: float = 300) -> int:
+def run(command: list[str], log: Path, timeout: float = 300, fault: str | None = None) -> int:
+    """Run `command` to its end (its output appended to `log`); its exit status (-9: SIGKILLed)."""
     with log.open("a") as out:
-        return subprocess.run(command, cwd=ROOT, env=environment(), stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        return subprocess.run(command, cwd=ROOT, env=environment(fault), stdout=out, stderr=subprocess.STDOUT, timeout=timeout).returncode
 
 
-def run_and_kill(command: list[str], log: Path, when: Callable[[], bool], timeout: float = 300) -> int | None:
-    """Start `command`; SIGKILL it as soon as `when()` holds (polled every 0.5 ms). Returns its exit
-    status: -9 when killed, else the status it finished with first (None never)."""
-    with log.open("a") as out:
-        process = subprocess.Popen(command, cwd=ROOT, env=environment(), stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while process.poll() is None and time.monotonic() < deadline:
-            if when():
-                process.send_signal(signal.SIGKILL)
-                break
-            time.sleep(0.0005)
-        return process.wait(timeout=60)
-
-
-def file_appears(directory: Path, pattern: str) -> Callable[[], bool]:
-    return lambda: directory.is_dir() and any(directory.glob(pattern))
-
-
-def log_shows(log: Path, text: str, delay: float = 0.0) -> Callable[[], bool]:
-    """True `delay` seconds after `text` appears in what `log` gains from now on (this process's lines)."""
-    start = log.stat().st_size if log.exists() else 0
-    seen: list[float] = []
-
-    def check() -> bool:
-        if not seen:
-            with log.open() as file:
-                file.seek(start)
-                if text in file.read():
-                    seen.append(time.monotonic())
-        return bool(seen) and time.monotonic() - seen[0] >= delay
-
-    return check
+def wait_for_line(process: subprocess.Popen, log: Path, text: str, timeout: float = 300) -> None:
+    """Until `log` holds `text` (a fault point's WAIT line); fails with the log's tail if `process` ends first."""
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert process.poll() is None, f"exited {process.returncode} before {text!r}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} in {timeout} s:\n{log.read_text()[-3000:]}"
+        time.sleep(0.02)

@@ -3,6 +3,9 @@ Milvus Lite banks, killed with SIGKILL (during the bank build, during a checkpoi
 moments) or stopped with SIGTERM / SIGINT, then resumed with `ckpt_path=last`. Each resumed run must
 end with the unbroken run's parameters (atol 1e-6) and logs in which every step appears exactly once.
 
+Every kill and stop lands at a named fault point (memr1/faults.py, armed by `MEMR1_FAULT`), not after
+a wall-clock delay, so the same kills happen on a slow and a fast machine.
+
 Time budget: about 3 minutes on 2 CPU cores (about 15 runs of ~10-17 s).
 """
 
@@ -20,8 +23,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from processes import ROOT, environment, file_appears, log_shows, run, run_and_kill, train_command
+from processes import ROOT, environment, run, train_command, wait_for_line
 from memr1.callbacks import latest_checkpoint
+from memr1.callbacks.resume import checkpoint_step
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.testing import save_tiny_checkpoint
 
@@ -94,27 +98,47 @@ def test_unbroken_run_logs_each_step_once_quietly(unbroken):
     assert output.count("max_steps=6` reached") == 1
 
 
+STEPS, MICRO_BATCHES_PER_STEP, VALIDATE_EVERY = 6, 2, 2  # TINY_RUN: 2 states x G 2 in micro-batches of 2
+
+
+def random_fault(rng: random.Random, done: int) -> str:
+    """A fault point the resumed run will reach, `done` of its steps already checkpointed: a step's
+    start, a micro-batch, a checkpoint write, or a validation, the hit drawn among those still to come."""
+    remaining = STEPS - done
+    validations = sum(1 for step in range(done + 1, STEPS + 1) if step % VALIDATE_EVERY == 0)
+    choices = {"train_step": remaining, "micro_batch": MICRO_BATCHES_PER_STEP * remaining, "checkpoint_write": remaining}
+    if validations:
+        choices["validation_batch"] = validations
+    point = rng.choice(sorted(choices))
+    return f"{point}:{rng.randint(1, choices[point])}"
+
+
 def test_sigkill_anywhere_then_resume_ends_where_the_unbroken_run_ends(backbone, unbroken, tmp_path):
     run_dir, banks, log = tmp_path / "run", tmp_path / "banks", tmp_path / "log.txt"
     rng = random.Random(1234)
-    # Random moments: a random delay (0-0.3 s; a step takes ~0.3 s) after 4 of the run's events, drawn
-    # at random and taken in the order they happen, so each kill falls in what is still to run.
-    events = ["step 1/6 |", "step 2/6 |", "validation at step 2 |", "step 3/6 |", "step 4/6 |", "validation at step 4 |", "step 5/6 |"]
-    chosen = sorted(rng.sample(range(len(events)), 4))
-    random_kills = [(events[index], rng.uniform(0.0, 0.3)) for index in chosen]
-    kills = [
-        ("during the bank build", lambda: file_appears(banks, "*.db")),
-        ("during a checkpoint write", lambda: file_appears(run_dir / "checkpoints", ".*.ckpt.tmp")),
-        *((f"{delay:.2f} s after {event!r}", lambda e=event, d=delay: log_shows(log, e, d)) for event, delay in random_kills),
-    ]
-    for name, when in kills:
-        status = run_and_kill(resume_command(backbone, run_dir, banks), log, when())
-        assert status == -signal.SIGKILL, f"{name}: the run was meant to be killed; it exited {status}"
+    # Fault points, not wall-clock delays: each kill lands at the same place on a slow or a fast machine.
+    # The first two are fixed (mid bank build, mid checkpoint write); four more are drawn among what the
+    # resumed run still has to do.
+    kills = ["bank_write:1", "checkpoint_write:2"]
+    hit = []
+    for position in range(6):
+        latest = latest_checkpoint(run_dir / "checkpoints")
+        done = checkpoint_step(latest) if latest is not None else 0
+        if done == STEPS:  # only the last validation is left: no more training to kill
+            break
+        fault = kills[position] if position < len(kills) else random_fault(rng, done)
+        status = run(resume_command(backbone, run_dir, banks), log, fault=fault)
+        assert status == -signal.SIGKILL, f"{fault}: the run was meant to be killed there; it exited {status}"
+        point, number = fault.split(":")
+        assert f"memr1 fault: SIGKILL at {point} #{number}" in log.read_text()
+        hit.append(fault)
         assert_checkpoints_whole(run_dir / "checkpoints")
-        if name == "during the bank build":
+        if point == "bank_write":
             assert not (banks / "rl-add_all-6427110d32.progress.json").exists()  # the build had not finished
-        if name == "during a checkpoint write":
+        if point == "checkpoint_write":
             assert list((run_dir / "checkpoints").glob(".*.ckpt.tmp"))  # killed mid-write: only a .tmp left
+    assert len(hit) >= 4, hit
+    print("fault points hit:", " ".join(hit))  # the same on any machine (pytest -s shows it)
     assert run(resume_command(backbone, run_dir, banks), log) == 0, log.read_text()[-3000:]
     assert_same_run(run_dir, unbroken / "run")
 
@@ -124,10 +148,9 @@ def test_a_stop_signal_checkpoints_exits_and_resumes(backbone, unbroken, tmp_pat
     run_dir, banks, log = tmp_path / "run", tmp_path / "banks", tmp_path / "log.txt"
     command = train_command(backbone, run_dir, banks, "logging.wandb=true")
     with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=ROOT, env=environment(), stdout=out, stderr=subprocess.STDOUT)
-        while "step 3/6" not in log.read_text():
-            assert process.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.05)
+        # The run waits at step 4's start until the signal comes: it cannot finish first on a fast machine.
+        process = subprocess.Popen(command, cwd=ROOT, env=environment("train_step:4:WAIT"), stdout=out, stderr=subprocess.STDOUT)
+        wait_for_line(process, log, "memr1 fault: WAIT at train_step #4")
         process.send_signal(signum)
         sent = time.monotonic()
         status = process.wait(timeout=60)

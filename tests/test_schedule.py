@@ -18,7 +18,7 @@ from memr1.llm.loading import load_tokenizer
 from memr1.llm.testing import save_tiny_checkpoint
 from memr1.preflight import EVALUATE_GROUPS, TRAIN_GROUPS, check_typed_groups
 from memr1.schedule import DONE, load_schedule, report_table, stage_command
-from tests.processes import ROOT, environment
+from tests.processes import ROOT, environment, wait_for_line
 
 # The alternating schedule, sized for a tiny random model: every stage runs in seconds.
 TINY_ALTERNATING = (
@@ -174,25 +174,25 @@ def test_sigterm_reaches_the_running_stage_which_checkpoints_and_resumes(backbon
     schedule.write_text(
         "stages:\n"
         "  - name: answer-sft\n    script: train.py\n"
-        # Tiny-model SFT steps take ~0.1 s: enough of them that the signal lands mid-run.
-        "    args: [model=answer, algo=sft, data_loader.max_steps=200, data_loader.limit_val_batches=0]\n"
+        "    args: [model=answer, algo=sft, data_loader.max_steps=6, data_loader.limit_val_batches=0]\n"
     )
-    root = tmp_path / "run"
+    root, log = tmp_path / "run", tmp_path / "log.txt"
     command = [
         sys.executable, "-m", "memr1.cli", "pipeline", str(schedule), "--root", str(root),
         f"backbone.name_or_path={backbone}", f"banks.dir={tmp_path / 'banks'}", *TINY_ALTERNATING,
     ]
     checkpoints = root / "answer-sft" / "checkpoints"
-    with (tmp_path / "log.txt").open("w") as out:
-        process = subprocess.Popen(command, cwd=ROOT, env=environment(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 300
-        while process.poll() is None and not any(checkpoints.glob("*.ckpt")) and time.monotonic() < deadline:
-            time.sleep(0.01)
+    with log.open("w") as out:
+        # The stage waits at its 3rd step until the signal reaches it (a fault point, memr1/faults.py):
+        # it cannot finish before the signal, however fast the machine.
+        process = subprocess.Popen(command, cwd=ROOT, env=environment("train_step:3:WAIT"), stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        wait_for_line(process, log, "memr1 fault: WAIT at train_step #3")
         process.send_signal(signal.SIGTERM)  # to the runner only, as a scheduler sends it
-        assert process.wait(timeout=120) == 128 + signal.SIGTERM, (tmp_path / "log.txt").read_text()[-3000:]
+        assert process.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()[-3000:]
     assert any(checkpoints.glob("interrupted-step=*.ckpt")) and not (root / "answer-sft" / DONE).exists()
     rerun = subprocess.run(command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
     assert "ckpt_path=last" in rerun.stderr and (root / "answer-sft" / DONE).exists()
     steps = [line.split(",")[0] for line in (root / "answer-sft" / "csv" / "metrics.csv").read_text().splitlines()[1:]]
-    assert steps == [str(step) for step in range(1, 201)]  # every step logged once across the two runs
+    assert steps == [str(step) for step in range(1, 7)]  # every step logged once across the two runs

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from memr1.faults import fault_point
 from memr1.memory import InvalidOpError, MemoryBank
 from memr1.banks.policies import MemoryPolicy
 from memr1.timing import StageTimer
@@ -129,6 +130,7 @@ def build_banks(
                 with timer.time("manager", items=len(remaining)):
                     ops = policy.decide(remaining, [()] * len(remaining))
                     bank.add_many(ops)
+                fault_point("bank_write")
                 cursor[conversation_id] += len(remaining)
                 if on_advance:
                     on_advance(len(remaining))
@@ -155,6 +157,7 @@ def build_banks(
                 rejected.append(f"{cid}: {error}")
             cursor[cid] += 1
             record(cid)
+        fault_point("bank_write")
         tracker.save(state)
         if on_advance:
             on_advance(len(active))

@@ -30,6 +30,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from memr1 import interrupt
+from memr1.faults import fault_point
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             torch.save(checkpoint, file)
             file.flush()
             os.fsync(file.fileno())
+        fault_point("checkpoint_write")
         os.replace(temporary, path)
 
 

@@ -30,6 +30,7 @@ from lightning.pytorch import LightningModule
 from torch import nn
 
 from memr1.envs.base import Environment, Reward
+from memr1.faults import fault_point
 from memr1.interrupt import raise_if_requested
 from memr1.llm.engines import Generation, GenerationEngine, HFEngine
 from memr1.llm.precision import FP32, FrozenLinearCopies, Precision
@@ -398,9 +399,11 @@ class RLModule(HeldOutRewards, LightningModule):
             self.probe = data.probe_states(self.probe_count)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        fault_point("train_step")
         raise_if_requested()
 
     def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        fault_point("validation_batch")
         raise_if_requested()
 
     def training_step(self, states: list[Any], batch_idx: int) -> None:

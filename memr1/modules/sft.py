@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from memr1.faults import fault_point
 from memr1.interrupt import raise_if_requested
 from memr1.llm.engines import encode_prompts
 from memr1.modules.answer import AnswerRLModule
@@ -65,6 +66,7 @@ class SupervisedStep(RLModule):
                 logprobs, _ = response_logprobs(self.policy, micro, share_prompt=False)
                 loss = core.sft_loss(logprobs, micro.response_mask.float(), self.algo.loss_agg_mode, denominator)
                 self.manual_backward(loss)
+                fault_point("micro_batch")
                 loss_sum += float(loss.detach()) / denominator.ranks
         grad_norm = self._step(optimizer, self.policy)
         lengths = batch.response_mask.float().sum(dim=1)

@@ -14,6 +14,7 @@ from typing import Protocol
 
 import torch
 
+from memr1.faults import fault_point
 from memr1.rl import core
 from memr1.rl.algorithms import AlgoConfig
 from memr1.rl.batch import RolloutBatch
@@ -114,6 +115,7 @@ def update_actor_critic(
                 loss = loss + algo.kl_coef * kl
                 parts["kl"] = kl
             learner.accumulate(loss)
+            fault_point("micro_batch")
             for name, value in parts.items():  # shares of the mini-batch's value: they add up
                 totals[name] = totals.get(name, 0.0) + float(value.detach()) / denominator.ranks
             for key, value in pg_stats.items():
