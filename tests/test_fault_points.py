@@ -1,0 +1,49 @@
+"""Fault points (memr1/faults.py): `MEMR1_FAULT` parsed with errors that name it, and a process that
+reaches its armed point signals itself there, at that hit and no other."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from memr1.faults import FAULT_ENV, Fault, parse_fault
+
+PASSES = "from memr1.faults import fault_point\nfor n in range(1, 4):\n    fault_point('micro_batch'); print('passed', n, flush=True)\n"
+
+
+def passing(fault: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", PASSES], env={**os.environ, FAULT_ENV: fault},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_variable_is_parsed_and_bad_values_are_named():
+    assert parse_fault("checkpoint_write:2") == Fault("checkpoint_write", 2, "SIGKILL")
+    assert parse_fault("train_step:3:WAIT") == Fault("train_step", 3, "WAIT")
+    for bad, reason in [("step:1", "POINT one of bank_write"), ("train_step:0", "HIT must be"), ("train_step:x", "HIT must be"),
+                        ("train_step:1:SIGFOO", "neither WAIT nor a signal"), ("train_step", "expected POINT:HIT")]:
+        with pytest.raises(ValueError, match=f"{FAULT_ENV}='{bad}': .*{reason}"):
+            parse_fault(bad)
+
+
+def test_the_armed_hit_signals_the_process_there():
+    process = passing("micro_batch:2")
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL
+    assert out.split("\n")[:-1] == ["passed 1"] and "memr1 fault: SIGKILL at micro_batch #2" in err
+    # Another point armed: this process passes all three micro-batches untouched.
+    other = passing("train_step:1")
+    assert other.communicate(timeout=60)[0].count("passed") == 3 and other.returncode == 0
+
+
+def test_wait_holds_the_process_until_a_signal_arrives():
+    process = passing("micro_batch:2:WAIT")
+    assert process.stdout.readline() == "passed 1\n"
+    assert "memr1 fault: WAIT at micro_batch #2" in process.stderr.readline()
+    assert process.poll() is None  # still waiting: nothing but a signal moves it on
+    process.send_signal(signal.SIGTERM)  # Python's default SIGTERM ends it
+    process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGTERM
