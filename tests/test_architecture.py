@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a subprocess
 def test_no_import_points_up_and_nothing_imports_in_a_cycle():
     result = subprocess.run([sys.executable, "scripts/check_layers.py"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout

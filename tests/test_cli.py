@@ -16,9 +16,10 @@ import pytest
 
 from memr1.cli import parse_split
 
+pytestmark = pytest.mark.slow  # every test but one runs `memr1` as a subprocess
+
 REPO = Path(__file__).parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "locomo_mini.json"
-REAL_LOCOMO = REPO / "../shared/data/locomo10.json"
 FIXTURE_SPLITS = ["--split", "train=mini-1", "--split", "test=*"]
 
 
@@ -130,11 +131,8 @@ def test_memr1_without_a_command_shows_usage() -> None:
     assert "usage: memr1" in result.stderr and "data-summary" in result.stderr
 
 
-@pytest.mark.skipif(
-    not REAL_LOCOMO.is_file(), reason=f"the real LoCoMo file is not at {REAL_LOCOMO.resolve()}"
-)
-def test_data_summary_json_on_the_real_file() -> None:
-    result = memr1("data-summary", REAL_LOCOMO, "--json")
+def test_data_summary_json_on_the_real_file(real_locomo: Path) -> None:
+    result = memr1("data-summary", real_locomo, "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert {name: split["questions"]["total"] for name, split in summary["splits"].items()} == {

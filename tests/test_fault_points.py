@@ -12,6 +12,8 @@ import pytest
 
 from memr1.faults import FAULT_ENV, Fault, parse_fault
 
+pytestmark = pytest.mark.slow  # Python subprocesses (fast: they import no torch)
+
 PASSES = "from memr1.faults import fault_point\nfor n in range(1, 4):\n    fault_point('micro_batch'); print('passed', n, flush=True)\n"
 
 

@@ -30,10 +30,6 @@ from memr1.datasets.locomo import (
 from memr1.types import Conversation, Fact, Question, Session, Turn
 
 FIXTURE = Path(__file__).parent / "fixtures" / "locomo_mini.json"
-REAL_LOCOMO = Path(__file__).parents[1] / "../shared/data/locomo10.json"
-needs_real_locomo = pytest.mark.skipif(
-    not REAL_LOCOMO.is_file(), reason=f"the real LoCoMo file is not at {REAL_LOCOMO.resolve()}"
-)
 
 # --- expected parse of tests/fixtures/locomo_mini.json, written out by hand -----------------------
 
@@ -258,9 +254,8 @@ def test_bad_splits_are_refused(splits: dict[str, Any], message: str) -> None:
 # --- the real file -------------------------------------------------------------------------------
 
 
-@needs_real_locomo
-def test_real_locomo_splits_match_the_paper() -> None:
-    parsed = parse_locomo(REAL_LOCOMO)
+def test_real_locomo_splits_match_the_paper(real_locomo: Path) -> None:
+    parsed = parse_locomo(real_locomo)
     splits = split_conversations(parsed.conversations)
     assert {name: [c.sample_id for c in conversations] for name, conversations in splits.items()} == {
         "train": ["conv-26"],

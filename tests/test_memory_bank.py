@@ -372,6 +372,7 @@ while True:
 """
 
 
+@pytest.mark.slow  # a subprocess
 def test_every_acknowledged_write_survives_sigkill(tmp_path: Path, embedder: Embedder) -> None:
     path = tmp_path / "killed.db"
     child = subprocess.Popen(
@@ -416,6 +417,7 @@ sys.stdin.read()
 """
 
 
+@pytest.mark.slow  # a subprocess
 def test_a_db_owned_by_another_process_gives_a_clear_error(tmp_path: Path, embedder: Embedder) -> None:
     path = tmp_path / "owned.db"
     holder = subprocess.Popen(
@@ -445,6 +447,7 @@ with MemoryBank.open(sys.argv[1], "conv_26", Embedder()) as bank:
 """
 
 
+@pytest.mark.slow  # a subprocess
 def test_a_released_bank_serves_reads_and_frees_its_file_for_another_process(tmp_path: Path, embedder: Embedder) -> None:
     path = tmp_path / "shared.db"
     bank = MemoryBank.open(path, "conv_26", embedder)

@@ -16,6 +16,8 @@ import pytest
 from memr1.preflight import ConfigError, check_devices
 from omegaconf import OmegaConf
 
+pytestmark = pytest.mark.slow  # most tests run train.py / evaluate.py as subprocesses (each under a second)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -127,7 +129,6 @@ def test_counterfactual_credit_with_a_group_baseline_is_refused(tmp_path):
         (["algo=grpo", "algo.group_size=1"], "algo.group_size: GRPO compares the samples of a state, it needs at least 2"),
     ],
 )
-@pytest.mark.slow  # a train.py subprocess per case
 def test_each_algorithm_refuses_the_settings_it_would_ignore_before_torch_loads(tmp_path, overrides, message):
     assert_fails_light(entry("train.py", *overrides, f"run_dir={tmp_path / 'r'}"), message)
 

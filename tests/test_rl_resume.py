@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # train.py subprocesses
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "rl_run.py"
 

@@ -139,7 +139,8 @@ def pipeline_command(backbone: Path, root: Path, banks: Path) -> list[str]:
     ]
 
 
-@pytest.mark.timeout(1800)  # 2:41 alone; five real stages and a rerun, on a machine that may be loaded
+@pytest.mark.slow  # a subprocess
+@pytest.mark.timeout(900)  # 2:41 alone; five real stages and a rerun, on a machine that may be loaded
 def test_the_alternating_pipeline_resumes_after_a_kill_at_a_stage_boundary(backbone, tmp_path):
     root, log = tmp_path / "run", tmp_path / "log.txt"
     command = pipeline_command(backbone, root, tmp_path / "banks")
@@ -156,7 +157,7 @@ def test_the_alternating_pipeline_resumes_after_a_kill_at_a_stage_boundary(backb
     finished_first = first_done.read_text()
     metrics = (root / "manager-sft" / "csv" / "metrics.csv").read_text()
 
-    rerun = subprocess.run(command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=1800)
+    rerun = subprocess.run(command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
     assert "stage 1/5 manager-sft: done before, skipped" in rerun.stderr
     assert first_done.read_text() == finished_first
@@ -169,6 +170,7 @@ def test_the_alternating_pipeline_resumes_after_a_kill_at_a_stage_boundary(backb
     print({stage: json.loads((root / stage / DONE).read_text())["seconds"] for stage in ("manager-grpo", "answer-sft", "answer-grpo", "evaluate")})
 
 
+@pytest.mark.slow  # a subprocess
 def test_sigterm_reaches_the_running_stage_which_checkpoints_and_resumes(backbone, tmp_path):
     schedule = tmp_path / "one.yaml"
     schedule.write_text(

@@ -33,7 +33,7 @@ from memr1.embed import Embedder
 from memr1.memory import MemoryBank, MemoryBankError, UnknownMemoryError
 from memr1.memory.records import MAX_TEXT_BYTES
 from memr1.service.models import TextModel
-from memr1.service.scopes import EVENTS, SCOPE_KEYS, MemoryNotFound, collection_of, now, scope_of
+from memr1.service.scopes import EVENTS, SCOPE_KEYS, MemoryNotFound, collection_of, from_unix, now, scope_of
 from memr1.types import Fact, MemoryEntry, MemoryOp, OpKind, Turn
 
 
@@ -131,13 +131,15 @@ class Memory:
         run_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         infer: bool = True,
+        timestamp: int | float | None = None,
     ) -> dict[str, Any]:
         """Remember what `messages` say. infer=True: facts (the extractor's, or each user message)
         each go to the Manager with their similar memories; infer=False: every message is ADDed as it
-        is. Returns `{"results": [{"id", "memory", "event", ("previous_memory")}]}`, NOOPs left out."""
+        is. `timestamp` (Mem0 2.x: Unix seconds) dates the memories, default now. Returns
+        `{"results": [{"id", "memory", "event", ("previous_memory")}]}`, NOOPs left out."""
         scope = scope_of(user_id, agent_id, run_id)
         turns = self._turns(messages, scope)
-        stamp = now()
+        stamp = now() if timestamp is None else from_unix(timestamp)
         facts = self._facts(turns, stamp) if infer else [Fact(t.text, scope, (t.dia_id,), 0, stamp) for t in turns]
         collection = collection_of(scope)
         results: list[dict[str, Any]] = []
@@ -217,8 +219,26 @@ class Memory:
         except MemoryNotFound:
             return None
 
-    def update(self, memory_id: str, data: str) -> dict[str, str]:
-        self._write(memory_id, MemoryOp(OpKind.UPDATE, text=data, timestamp=now()))
+    def update(
+        self, memory_id: str, data: str | None = None, *, text: str | None = None, metadata: Mapping[str, Any] | None = None
+    ) -> dict[str, str]:
+        """A new text (Mem0 1.x `data`, 2.x `text=`) and / or new metadata (2.x `metadata=`, replacing
+        the old) for `memory_id`. Both are checked before either is written."""
+        if data is not None and text is not None and data != text:
+            raise ValueError("update: data and text are the same argument (Mem0 1.x and 2.x names); give one")
+        new_text = text if text is not None else data
+        if new_text is None and metadata is None:
+            raise ValueError("update: give text (or data) and / or metadata")
+        if new_text is not None and (not isinstance(new_text, str) or not new_text.strip()):
+            raise ValueError("text: expected a non-empty string")
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise ValueError(f"metadata: expected a mapping, got {type(metadata).__name__}")
+        if new_text is not None:
+            self._write(memory_id, MemoryOp(OpKind.UPDATE, text=new_text, timestamp=now()))
+        elif self.get(memory_id) is None:
+            raise MemoryNotFound(f"memory id {memory_id!r}: no such live memory")
+        if metadata is not None:
+            self._db.execute("INSERT OR REPLACE INTO metadata VALUES (?, ?)", (memory_id, json.dumps(dict(metadata))))
         return {"message": "Memory updated successfully!"}
 
     def delete(self, memory_id: str) -> dict[str, str]:

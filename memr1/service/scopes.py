@@ -4,6 +4,7 @@ and the names the service reports operations by."""
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -21,6 +22,16 @@ class MemoryNotFound(LookupError):
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def from_unix(timestamp: int | float) -> str:
+    """A Unix time in seconds (Mem0 2.x's `timestamp`) in `now()`'s format; a bad one is a ValueError."""
+    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp) or timestamp < 0:
+        raise ValueError(f"timestamp: expected Unix seconds (a finite number >= 0), got {timestamp!r}")
+    try:
+        return datetime.fromtimestamp(timestamp, timezone.utc).isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        raise ValueError(f"timestamp: {timestamp!r} is out of the range of dates") from None
 
 
 def scope_of(user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None, filters: Mapping[str, Any] | None = None) -> str:

@@ -92,6 +92,7 @@ class MemoryCreate(BaseModel):
     run_id: str | None = None
     metadata: dict[str, Any] | None = None
     infer: bool = True
+    timestamp: float | None = Field(None, ge=0)  # Mem0 2.x: the memories' date, in Unix seconds
 
     @field_validator("metadata")
     @classmethod
@@ -100,8 +101,16 @@ class MemoryCreate(BaseModel):
 
 
 class MemoryUpdate(BaseModel):
+    """Mem0's PUT body: a new `text`, new `metadata` (replacing the old), or both."""
+
     model_config = STRICT
-    text: str = Field(min_length=1)
+    text: str | None = Field(None, min_length=1)
+    metadata: dict[str, Any] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _finite_metadata(cls, metadata: dict[str, Any] | None) -> dict[str, Any] | None:
+        return finite_json(metadata, "metadata")
 
 
 class SearchRequest(BaseModel):
@@ -160,7 +169,8 @@ def create_app(memory: Memory, chat_model: TextModel | None = None, api_key: str
     @app.post("/memories", dependencies=auth)
     def add(body: MemoryCreate) -> dict[str, Any]:
         messages = [message.model_dump() for message in body.messages]
-        return call(memory.add, messages, user_id=body.user_id, agent_id=body.agent_id, run_id=body.run_id, metadata=body.metadata, infer=body.infer)
+        return call(memory.add, messages, user_id=body.user_id, agent_id=body.agent_id, run_id=body.run_id, metadata=body.metadata,
+                    infer=body.infer, timestamp=body.timestamp)
 
     @app.get("/memories", dependencies=auth)
     def get_all(user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None, top_k: int = Query(100, ge=1, le=10_000)) -> dict[str, Any]:
@@ -179,7 +189,7 @@ def create_app(memory: Memory, chat_model: TextModel | None = None, api_key: str
 
     @app.put("/memories/{memory_id}", dependencies=auth)
     def update(memory_id: str, body: MemoryUpdate) -> dict[str, Any]:
-        return call(memory.update, memory_id, body.text)
+        return call(memory.update, memory_id, text=body.text, metadata=body.metadata)
 
     @app.get("/memories/{memory_id}/history", dependencies=auth)
     def history(memory_id: str) -> list[dict[str, Any]]:
