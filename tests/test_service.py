@@ -245,7 +245,8 @@ def test_the_openai_client_lists_models_chats_and_streams(service):
     ("extra", "field"),
     [
         ({"n": 2}, "n"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema.schema"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, "messages[0].content[0].type"),
     ],
@@ -255,6 +256,34 @@ def test_what_the_server_cannot_honour_is_refused_by_name(service, extra, field)
     request = {"model": "any", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2} | extra
     with pytest.raises(openai.BadRequestError, match=re.escape(field)):
         client.chat.completions.create(**request)
+
+
+def test_json_schema_replies_fit_their_schema(service):
+    client = openai.OpenAI(base_url=f"{service}/v1", api_key="unused", max_retries=0)
+    schema = {"type": "object", "properties": {"city": {"enum": ["Lisbon", "Porto"]}, "year": {"type": "integer", "minimum": 2000, "maximum": 2030}},
+              "required": ["city", "year"], "additionalProperties": False}
+    for temperature in (0.0, 1.0):  # the tiny random model: without the grammar never JSON
+        reply = client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "Where and when?"}], max_tokens=40, temperature=temperature, seed=1,
+            response_format={"type": "json_schema", "json_schema": {"name": "move", "schema": schema}},
+        )
+        value = json.loads(reply.choices[0].message.content)
+        assert value["city"] in ("Lisbon", "Porto") and 2000 <= value["year"] <= 2030 and reply.choices[0].finish_reason == "stop"
+
+
+def test_the_embedded_model_replies_in_json_when_asked(tmp_path):
+    process, url = start_server(tmp_path, "embedded:smollm2-135m-instruct", "--answer", "base")
+    try:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "Reply in JSON: what city did Ann move to? Ann moved to Lisbon in May."}],
+            max_tokens=64, temperature=0, response_format={"type": "json_object"},
+        )
+        assert reply.choices[0].finish_reason == "stop"
+        assert isinstance(json.loads(reply.choices[0].message.content), dict), reply.choices[0].message.content
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def test_eight_writers_and_readers_lose_and_duplicate_nothing(service):

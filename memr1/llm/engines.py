@@ -245,9 +245,13 @@ class HFEngine:
         # The batch rows still decoding, as indices into `prompts`: a finished row leaves the batch (its
         # KV cache rows are dropped), so a short answer stops costing compute the step it ends.
         active = list(range(len(prompts)))
+        constraints = [sampling.constraint() for _ in prompts] if sampling.constraint is not None else None
         for step in range(sampling.max_new_tokens):
             raise_if_requested()  # a stop signal ends a long rollout within one decoding step
             logits = logits.float()
+            if constraints is not None:  # only what each row's grammar allows next (EOS once it is complete)
+                for position, row in enumerate(active):
+                    constraints[row].mask(logits[position])
             chosen = choose_tokens(logits, sampling.temperature, sampling.top_p, generator)
             # Log-probs of the distribution sampled from, softmax(logits / T), as the RL losses use
             # them (greedy decoding records the T = 1 policy's).
@@ -259,8 +263,11 @@ class HFEngine:
             ):
                 responses[row].append(token)
                 logprobs[row].append(logprob)
-                if not (token in self.eos_token_ids or self._hit_stop(responses[row], sampling.stop)):
-                    keep.append(position)
+                if token in self.eos_token_ids or self._hit_stop(responses[row], sampling.stop):
+                    continue
+                if constraints is not None:
+                    constraints[row].accept(token)
+                keep.append(position)
             if not keep or step == sampling.max_new_tokens - 1:
                 break
             if len(keep) < len(active):

@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 class EndpointError(ConnectionError):
@@ -41,11 +42,13 @@ class OpenAICompatibleClient:
         top_p: float | None = None,
         stop: Sequence[str] = (),
         seed: int | None = None,
+        response_format: Mapping[str, Any] | None = None,
     ) -> tuple[dict, dict | None]:
         """The first choice (`message`, `finish_reason`) and the `usage` (None when the endpoint
-        reports none) for `messages`."""
+        reports none) for `messages`; `response_format` as OpenAI's (json_object, json_schema)."""
         body: dict = {"model": self.model, "messages": [dict(m) for m in messages], "temperature": temperature}
-        optional = {"max_tokens": max_tokens, "top_p": top_p, "stop": list(stop) or None, "seed": seed}
+        optional = {"max_tokens": max_tokens, "top_p": top_p, "stop": list(stop) or None, "seed": seed,
+                    "response_format": dict(response_format) if response_format else None}
         body.update({key: value for key, value in optional.items() if value is not None})
         headers = {"Content-Type": "application/json"}
         if self.api_key:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -18,6 +19,8 @@ class SamplingConfig:
     stop: strings that end a response; the returned text stops before the first one.
     seed: makes sampling reproducible (for the same prompts and batch size) without touching the
         global RNG; None draws from torch's global RNG.
+    constraint: a factory of `memr1.llm.constraints.TokenConstraint`s (one per reply): only the tokens
+        its grammar allows are sampled (the HF engine; JSON replies of the service).
     """
 
     max_new_tokens: int = 64
@@ -26,6 +29,7 @@ class SamplingConfig:
     n: int = 1
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    constraint: Callable[[], Any] | None = None
 
     @classmethod
     def greedy_up_to(cls, max_new_tokens: int) -> SamplingConfig:

@@ -79,6 +79,8 @@ class VLLMEngine:
         self._lora_version = 0
 
     def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[list[Generation]]:
+        if sampling.constraint is not None:  # vLLM has its own structured outputs; memr1 does not wire them yet
+            raise ValueError("VLLMEngine: constrained decoding (SamplingConfig.constraint) runs on the HF engine only")
         vllm = _import_vllm()
         prompt_ids = encode_prompts(self.tokenizer, prompts)
         params = vllm.SamplingParams(

@@ -4,10 +4,11 @@ endpoint. Each call is greedy; one lock per local model, which is not safe to ca
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from memr1.llm.openai_client import OpenAICompatibleClient
 from memr1.llm.sampling import SamplingConfig
@@ -26,14 +27,29 @@ class Completion:
     completion_tokens: int
 
 
+@dataclass(frozen=True)
+class ResponseFormat:
+    """A reply that must be JSON: any object (`json_object`) or one that fits `schema` (`json_schema`)."""
+
+    kind: Literal["json_object", "json_schema"]
+    schema: Mapping[str, Any] | None = None
+    name: str = "response"
+
+    def as_openai(self) -> dict[str, Any]:
+        if self.kind == "json_object":
+            return {"type": "json_object"}
+        return {"type": "json_schema", "json_schema": {"name": self.name, "schema": dict(self.schema or {})}}
+
+
 class TextModel(Protocol):
     name: str
 
     def complete(self, prompts: Sequence[Messages], max_new_tokens: int) -> list[str]:
         """One greedy reply per chat prompt."""
 
-    def chat(self, messages: Messages, sampling: SamplingConfig) -> Completion:
-        """One reply to `messages`, decoded as `sampling` says (temperature, top_p, stop, seed, budget)."""
+    def chat(self, messages: Messages, sampling: SamplingConfig, response_format: ResponseFormat | None = None) -> Completion:
+        """One reply to `messages`, decoded as `sampling` says (temperature, top_p, stop, seed, budget),
+        and JSON when `response_format` says so."""
 
 
 class LocalModel:
@@ -53,16 +69,32 @@ class LocalModel:
         self.engine = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=batch_size, precision=compute)
         self.name = f"{name_or_path}+{adapter}" if adapter else str(name_or_path)
         self._lock = threading.Lock()
+        self._grammars: Any = None  # JSONGrammars, made on the first JSON request (xgrammar's tables)
 
     def complete(self, prompts: Sequence[Messages], max_new_tokens: int) -> list[str]:
         with self._lock:
             outputs = self.engine.generate(list(prompts), SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))
         return [samples[0].text for samples in outputs]
 
-    def chat(self, messages: Messages, sampling: SamplingConfig) -> Completion:
+    def chat(self, messages: Messages, sampling: SamplingConfig, response_format: ResponseFormat | None = None) -> Completion:
         with self._lock:
+            if response_format is not None:
+                sampling = dataclasses.replace(sampling, constraint=self._json_constraint(response_format))
             reply = self.engine.generate([messages], sampling)[0][0]
         return Completion(reply.text, reply.finish_reason, len(reply.prompt_ids), len(reply.response_ids))
+
+    def _json_constraint(self, response_format: ResponseFormat) -> Any:
+        if self._grammars is None:
+            from memr1.llm.constraints import JSONGrammars
+
+            model, tokenizer = self.engine.model, self.engine.tokenizer
+            try:
+                self._grammars = JSONGrammars(tokenizer, model.config.vocab_size, sorted(self.engine.eos_token_ids))
+            except ImportError as missing:
+                raise ValueError(f"response_format: {missing}") from None
+        if response_format.kind == "json_object":
+            return self._grammars.json_object()
+        return self._grammars.json_schema(response_format.schema or {})
 
 
 class RemoteModel:
@@ -75,10 +107,10 @@ class RemoteModel:
     def complete(self, prompts: Sequence[Messages], max_new_tokens: int) -> list[str]:
         return [self.client.chat(prompt, max_tokens=max_new_tokens) for prompt in prompts]
 
-    def chat(self, messages: Messages, sampling: SamplingConfig) -> Completion:
+    def chat(self, messages: Messages, sampling: SamplingConfig, response_format: ResponseFormat | None = None) -> Completion:
         choice, usage = self.client.completion(
             messages, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-            stop=sampling.stop, seed=sampling.seed,
+            stop=sampling.stop, seed=sampling.seed, response_format=response_format.as_openai() if response_format else None,
         )
         usage = usage or {}
         finish = "length" if choice.get("finish_reason") == "length" else "stop"

@@ -6,8 +6,9 @@ What the protocol asks is honoured or refused, never silently ignored: content a
 of text parts; `max_tokens` / `max_completion_tokens`, `temperature` (OpenAI's default 1.0),
 `top_p`, `stop`, `seed`; `finish_reason` "length" when the reply was cut at its budget; `usage`; for
 a stream, `stream_options.include_usage`. A request for what the service cannot do (n > 1, log-probs,
-tools, penalties, a logit bias, a `response_format` other than text, non-text content parts) is a 400
-naming the field. A stream carries the reply in one content chunk once it is decoded (the local
+tools, penalties, a logit bias, non-text content parts) is a 400 naming the field. `response_format`
+`json_object` / `json_schema` is enforced by constrained decoding (memr1/llm/constraints.py): the reply
+parses, and fits the schema, unless it was cut at its token budget (`finish_reason` "length"). A stream carries the reply in one content chunk once it is decoded (the local
 engine does not yield tokens as it goes).
 """
 
@@ -26,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from memr1.llm.sampling import SamplingConfig
-from memr1.service.models import Completion, TextModel
+from memr1.service.models import Completion, ResponseFormat, TextModel
 
 DEFAULT_MAX_TOKENS = 256
 # Fields that would change the reply in ways the service does not implement: refused, not ignored.
@@ -87,8 +88,6 @@ def sampling_of(request: ChatRequest) -> SamplingConfig:
     for field, neutral in UNSUPPORTED.items():
         if field in extras and extras[field] not in (neutral, None, [], {}):
             raise HTTPException(400, f"{field}: {extras[field]!r} is not supported by this server")
-    if request.response_format is not None and request.response_format.get("type", "text") != "text":
-        raise HTTPException(400, f"response_format: {request.response_format.get('type')!r} is not supported by this server (text only)")
     if request.max_tokens and request.max_completion_tokens and request.max_tokens != request.max_completion_tokens:
         raise HTTPException(400, "max_tokens and max_completion_tokens disagree: send one")
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
@@ -101,6 +100,21 @@ def sampling_of(request: ChatRequest) -> SamplingConfig:
         stop=tuple(stop),
         seed=request.seed,
     )
+
+
+def response_format_of(request: ChatRequest) -> ResponseFormat | None:
+    """OpenAI's `response_format`: text (None), `json_object`, or `json_schema` with its schema."""
+    spec = request.response_format
+    if spec is None or spec.get("type", "text") == "text":
+        return None
+    if spec.get("type") == "json_object":
+        return ResponseFormat("json_object")
+    if spec.get("type") != "json_schema":
+        raise HTTPException(400, f"response_format.type: {spec.get('type')!r} is not one of text, json_object, json_schema")
+    inner = spec.get("json_schema")
+    if not isinstance(inner, dict) or not isinstance(inner.get("schema"), dict):
+        raise HTTPException(400, "response_format.json_schema.schema: a JSON Schema object is required")
+    return ResponseFormat("json_schema", inner["schema"], str(inner.get("name", "response")))
 
 
 def openai_router(chat_model: TextModel | None, dependencies: list[Any], errors: Callable[..., Any]) -> APIRouter:
@@ -122,8 +136,8 @@ def openai_router(chat_model: TextModel | None, dependencies: list[Any], errors:
     @router.post("/v1/chat/completions", response_model=None)
     def chat(request: ChatRequest) -> dict[str, Any] | StreamingResponse:
         model = served()
-        messages, sampling = message_texts(request), sampling_of(request)
-        reply: Completion = errors(model.chat, messages, sampling)
+        messages, sampling, response_format = message_texts(request), sampling_of(request), response_format_of(request)
+        reply: Completion = errors(model.chat, messages, sampling, response_format)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": model.name}
         usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
                  "total_tokens": reply.prompt_tokens + reply.completion_tokens}
