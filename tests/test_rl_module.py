@@ -66,7 +66,7 @@ def fit_one_step(module: RLModule, states: list, steps: int = 1) -> Trainer:
 
 def sequence_logprobs(module: RLModule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(old, new) summed response log-probs per row of the last rollout, and its advantages per row."""
-    batch, _ = module.last_rollout
+    batch = module.last_step.rollout
     module.policy.eval()
     with torch.no_grad():
         new, _ = response_logprobs(module.policy, batch)
@@ -123,7 +123,7 @@ def test_malformed_answers_from_a_random_model_never_stop_training(tokenizer):
     module = AnswerRLModule(tiny_causal_lm(tokenizer, seed=4), tokenizer, env, algo, max_new_tokens=6, seed=0)
     trainer = fit_one_step(module, states, steps=2)
     assert trainer.global_step == 2
-    batch, rewards = module.last_rollout
+    rewards = module.last_step.rewards
     assert len(rewards) == 4
     assert all(r.format_error is not None and r.score == -0.5 for r in rewards)
 
@@ -181,7 +181,7 @@ def test_several_epochs_over_minibatches_report_the_clip_per_epoch(tokenizer):
     module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, FirstOfGroupEnv(4), algo, max_new_tokens=8, seed=3)
     trainer = fit_one_step(module, ["Say hello.", "Count to three."])
     assert trainer.global_step == 1
-    metrics = module.step_metrics
+    metrics = module.last_step.metrics
     assert {f"actor/clip_frac/epoch{e}" for e in range(3)} <= set(metrics)
     assert {f"actor/approx_kl/epoch{e}" for e in range(3)} <= set(metrics)
     assert metrics["actor/clip_frac/epoch2"] > 0
@@ -215,7 +215,7 @@ def test_the_probe_reward_scores_fixed_states_with_a_fixed_seed(tokenizer):
     trainer = Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, datamodule=ProbeData(["Say hello.", "Count to three.", "Name a dog."]))
     assert module.probe == ["Say hello.", "Count to three."]
-    logged = module.step_metrics["train/probe_reward"]  # probed at step 2, after its update
+    logged = module.last_step.metrics["train/probe_reward"]  # probed at step 2, after its update
     # The same policy and the same seed give the same samples: the probe moves only when the policy does.
     assert module.probe_reward() == logged == module.probe_reward()
     assert logged > 0

@@ -77,10 +77,10 @@ def test_flat_groups_are_redrawn_until_the_step_is_full(tokenizer):
     data = ScriptedStates(["flat-a", "spread-a"], draws=[["flat-b", "flat-c"], ["spread-b", "flat-d"], ["spread-c", "spread-d"]])
     module = run_step(filtering(tokenizer, cap=10), data)
     assert data.asked == [(0, 1), (0, 2)]  # the third draw was never needed
-    metrics = module.step_metrics
+    metrics = module.last_step.metrics
     assert (metrics["filter/groups_drawn"], metrics["filter/groups_kept"], metrics["filter/gen_batches"]) == (6.0, 2.0, 3.0)
     assert metrics["reward/zero_std_group_frac"] == 0.0 and metrics["advantage/nonzero_frac"] == 1.0
-    batch, rewards = module.last_rollout
+    batch, rewards = module.last_step.rollout, module.last_step.rewards
     assert len(batch) == 4 and [r.score for r in rewards] == [1.0, 0.0, 1.0, 0.0]
 
 
@@ -88,16 +88,16 @@ def test_the_cap_on_extra_batches_ends_the_redrawing(tokenizer):
     data = ScriptedStates(["flat-a", "spread-a"], draws=[["flat-b", "flat-c"], ["spread-b", "spread-c"]])
     module = run_step(filtering(tokenizer, cap=2), data)
     assert data.asked == [(0, 1)]
-    metrics = module.step_metrics
+    metrics = module.last_step.metrics
     assert (metrics["filter/groups_drawn"], metrics["filter/groups_kept"], metrics["filter/gen_batches"]) == (4.0, 1.0, 2.0)
-    assert len(module.last_rollout[0]) == 2  # the one group with spread
+    assert len(module.last_step.rollout) == 2  # the one group with spread
 
 
 def test_a_step_that_keeps_no_group_trains_on_its_first_batch(tokenizer):
     data = ScriptedStates(["flat-a", "flat-b"], draws=[["flat-c", "flat-d"]])
     module = run_step(filtering(tokenizer, cap=2), data)
-    assert module.step_metrics["filter/groups_kept"] == 0.0
-    assert len(module.last_rollout[0]) == 4 and module.step_metrics["advantage/nonzero_frac"] == 0.0
+    assert module.last_step.metrics["filter/groups_kept"] == 0.0
+    assert len(module.last_step.rollout) == 4 and module.last_step.metrics["advantage/nonzero_frac"] == 0.0
 
 
 def test_reinforce_refuses_filter_groups_since_its_flat_groups_still_learn():
@@ -151,14 +151,14 @@ def test_in_bf16_the_update_starts_on_policy(tokenizer):
         algo = AlgoConfig(name="grpo", group_size=3, actor_lr=1e-3, kl_coef=0.0, micro_batch_size=2, temperature=0.7, ppo_epochs=epochs)
         module = RLModule(tiny_causal_lm(tokenizer, seed=1, init_std=0.02), tokenizer, SpreadEnv(3), algo, max_new_tokens=6, seed=3, precision=bf16)
         run_step(module, ScriptedStates(["spread-a", "spread-b"], draws=[]))
-        batch, _ = module.last_rollout
+        batch = module.last_step.rollout
         if epochs == 1:
             assert batch.old_logprobs is None
-            assert module.step_metrics["actor/approx_kl"] == 0.0 and module.step_metrics["actor/clip_frac"] == 0.0
+            assert module.last_step.metrics["actor/approx_kl"] == 0.0 and module.last_step.metrics["actor/clip_frac"] == 0.0
         else:
             assert batch.old_logprobs is not None
-            assert abs(module.step_metrics["actor/approx_kl/epoch0"]) < 1e-3 and module.step_metrics["actor/clip_frac/epoch0"] == 0.0
-            assert module.step_metrics["actor/approx_kl/epoch1"] != 0.0  # the second pass is off-policy: the clip can act
+            assert abs(module.last_step.metrics["actor/approx_kl/epoch0"]) < 1e-3 and module.last_step.metrics["actor/clip_frac/epoch0"] == 0.0
+            assert module.last_step.metrics["actor/approx_kl/epoch1"] != 0.0  # the second pass is off-policy: the clip can act
     # The fp32 module reuses the sampler's log-probs; the bf16 one does not.
     assert RLModule(tiny_causal_lm(tokenizer), tokenizer, SpreadEnv(3), algo, precision=FP32)._reuse_sampler_logprobs
     assert not module._reuse_sampler_logprobs

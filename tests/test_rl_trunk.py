@@ -134,7 +134,7 @@ def train_one_step(tokenizer, reuse: bool, separate_engine: bool) -> tuple[dict[
     trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, train_dataloaders=DataLoader([state["content"] for state in (p[0] for p in PROMPTS)], batch_size=2, collate_fn=list))
     trained = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    return trained, module.step_metrics, bottom_rows
+    return trained, module.last_step.metrics, bottom_rows
 
 
 @pytest.mark.parametrize("separate_engine", [False, True])

@@ -8,6 +8,8 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from memr1.modules.outputs import StepOutput
+
 log = logging.getLogger("memr1.step")
 
 # (metric, label, format) in the order they are printed; missing metrics are left out.
@@ -31,9 +33,10 @@ STEP_FIELDS = (
 
 class StepConsole(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        metrics = getattr(pl_module, "step_metrics", None)
-        if not trainer.is_global_zero or not metrics:
+        step = StepOutput.of(outputs)
+        if not trainer.is_global_zero or step is None:
             return
+        metrics = step.metrics
         fields = [f"{label} {fmt.format(metrics[key])}" for key, label, fmt in STEP_FIELDS if key in metrics]
         log.info("step %d/%d | %s", trainer.global_step, trainer.max_steps, " | ".join(fields))
 

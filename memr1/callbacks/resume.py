@@ -31,6 +31,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from memr1 import interrupt
 from memr1.faults import fault_point
+from memr1.modules.outputs import StepOutput
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
 
 
 class MetricsCSV(Callback):
-    """`metrics.csv`: a row per training step (the module's `step_metrics`) and per validation, with
+    """`metrics.csv`: a row per training step (its `StepOutput.metrics`) and per validation, with
     `step` the global step after it (validation before training is step 0, the first update step 1).
 
     Each row is appended and fsynced when it is made, before any checkpoint covers it; the row count is
@@ -103,9 +104,9 @@ class MetricsCSV(Callback):
         self._rewrite()
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        metrics = getattr(pl_module, "step_metrics", None)
-        if trainer.is_global_zero and metrics:
-            self._append({"step": trainer.global_step, **metrics})
+        step = StepOutput.of(outputs)
+        if trainer.is_global_zero and step is not None:
+            self._append({"step": trainer.global_step, **step.metrics})
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from memr1.modules.outputs import StepOutput
+
 
 class SampleLog(Callback):
     """Appends `num_samples` (response, reward, format error) rows of the last rollout every `every_n_steps`."""
@@ -33,9 +35,10 @@ class SampleLog(Callback):
         step = trainer.global_step
         if not trainer.is_global_zero or (step - 1) % self.every_n_steps:
             return
-        if getattr(pl_module, "last_rollout", None) is None:  # SFT samples nothing: its targets are on file
+        output = StepOutput.of(outputs)
+        if output is None or output.rollout is None:  # SFT samples nothing: its targets are on file
             return
-        rollout, rewards = pl_module.last_rollout
+        rollout, rewards = output.rollout, output.rewards
         tokenizer = pl_module.tokenizer
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open(self._mode) as out:

@@ -38,6 +38,7 @@ from memr1.llm.sampling import SamplingConfig
 from memr1.llm.sharding import clip_grad_norm, is_sharded
 from memr1.llm.trunk import frozen_trunk_depth
 from memr1.modules.held_out import HeldOutRewards
+from memr1.modules.outputs import StepOutput
 from memr1.rl import core
 from memr1.rl.algorithms import AlgoConfig
 from memr1.rl.batch import RolloutBatch, pack_rollouts, response_logprobs, response_values, trunk_hidden_states
@@ -103,6 +104,7 @@ class RLModule(HeldOutRewards, LightningModule):
         self._reuse_sampler_logprobs = engine is None and precision.is_fp32
         self.automatic_optimization = False
         self.skipped_steps = 0  # optimiser steps dropped for a non-finite gradient norm
+        self.last_step: StepOutput | None = None  # the last training step's output (what its callbacks got)
         self._stage_seconds: dict[str, float] = {}  # of the current step: rollout, update, ...
         self._sharded = False  # FSDP shards the modules (set once the strategy has wrapped them)
         self._trunk_depth = 0  # frozen bottom layers, run once per token (memr1.llm.trunk; set in on_train_start)
@@ -406,10 +408,9 @@ class RLModule(HeldOutRewards, LightningModule):
         fault_point("validation_batch")
         raise_if_requested()
 
-    def training_step(self, states: list[Any], batch_idx: int) -> None:
+    def training_step(self, states: list[Any], batch_idx: int) -> dict[str, StepOutput]:
         self._stage_seconds, self._filter_stats = {}, {}
         batch, rewards = self.rollout(states)  # the engine decodes in its own precision
-        self.last_rollout = (batch, rewards)  # read by SampleLog and by tests
         group_ids = [index for index in range(len(batch) // self._group) for _ in range(self._group)]
         started = time.perf_counter()
         with self.compute_precision():
@@ -420,9 +421,10 @@ class RLModule(HeldOutRewards, LightningModule):
         metrics = self._step_metrics(batch, rewards, group_ids, update_stats)
         metrics.update(self._filter_stats)
         metrics.update(self.probe_metrics())
-        self.step_metrics = dict(metrics)  # the step's row of metrics.csv and of the console line
+        self.last_step = StepOutput(dict(metrics), batch, rewards)
         self.log("reward/mean", metrics.pop("reward/mean"), on_step=True, prog_bar=True, batch_size=len(batch))
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch))
+        return self.last_step.as_outputs()
 
     def _step_metrics(
         self, batch: RolloutBatch, rewards: Sequence[Reward], group_ids: Sequence[int], update: dict[str, float]

@@ -24,6 +24,7 @@ from memr1.llm.engines import encode_prompts
 from memr1.modules.answer import AnswerRLModule
 from memr1.modules.base import RLModule
 from memr1.modules.manager import ManagerRLModule
+from memr1.modules.outputs import StepOutput
 from memr1.rl import core
 from memr1.rl.batch import RolloutBatch, pack_rollouts, response_logprobs
 from memr1.teachers import TeacherTrajectories
@@ -50,7 +51,7 @@ class SupervisedStep(RLModule):
         batch = pack_rollouts(encode_prompts(self.tokenizer, prompts), responses, [0.0] * len(states), self.tokenizer.pad_token_id)
         return batch.to(self.device), truncated
 
-    def training_step(self, states: list[Any], batch_idx: int) -> None:
+    def training_step(self, states: list[Any], batch_idx: int) -> dict[str, StepOutput]:
         started = time.perf_counter()
         batch, truncated = self.sft_batch(states)
         teacher_s = time.perf_counter() - started
@@ -81,9 +82,10 @@ class SupervisedStep(RLModule):
             "time/update_s": time.perf_counter() - started,
         }
         metrics.update(self.probe_metrics())
-        self.step_metrics = dict(metrics)
+        self.last_step = StepOutput(dict(metrics))
         self.log("sft/loss", metrics.pop("sft/loss"), on_step=True, prog_bar=True, batch_size=len(batch))
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch))
+        return self.last_step.as_outputs()
 
     @torch.no_grad()
     def sft_loss_of(self, states: list[Any]) -> float:
