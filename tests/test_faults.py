@@ -24,8 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from processes import ROOT, environment, run, train_command, wait_for_line
-from memr1.callbacks import latest_checkpoint
-from memr1.callbacks.resume import checkpoint_step
+from memr1.callbacks import checkpoint_step, latest_checkpoint
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.testing import save_tiny_checkpoint
 

@@ -3,7 +3,9 @@
 from memr1.callbacks.console import StepConsole
 from memr1.callbacks.export import ExportPolicy
 from memr1.callbacks.plots import TrainingCurves
-from memr1.callbacks.resume import AtomicCheckpointIO, MetricsCSV, ResumableRun, latest_checkpoint
+from memr1.callbacks.checkpoints import AtomicCheckpointIO, checkpoint_step, latest_checkpoint
+from memr1.callbacks.metrics_csv import MetricsCSV
+from memr1.callbacks.resume import ResumableRun
 from memr1.callbacks.samples import SampleLog
 from memr1.callbacks.weight_sync import VLLMWeightSync
 
@@ -16,5 +18,6 @@ __all__ = [
     "StepConsole",
     "TrainingCurves",
     "VLLMWeightSync",
+    "checkpoint_step",
     "latest_checkpoint",
 ]

@@ -1,148 +1,29 @@
-"""Runs that lose nothing when killed: atomic checkpoints, the newest complete one found on resume,
-`metrics.csv` that a resume continues, a stop signal that checkpoints, and no validation skipped.
+"""A stop signal that checkpoints, and no validation skipped by a resume.
 
-What a resumed run relies on:
-- every checkpoint is written to a temporary file and renamed into place (`AtomicCheckpointIO`), so
-  a SIGKILL mid-write leaves the previous checkpoints and a stray `.tmp`, never a truncated `.ckpt`;
-- `ckpt_path=last` is the newest checkpoint that loads (`latest_checkpoint`), not a symlink that a
-  kill between two file operations could leave dangling;
-- every row of `metrics.csv` is on disk before the checkpoint that covers it, and the checkpoint
-  records how many rows that is: a resume cuts the file there, so the steps it redoes are logged once;
-- a checkpoint taken before a due validation has run (or while it runs) makes the resumed run run
-  that validation in full, where Lightning would otherwise skip it.
+SIGTERM / SIGINT stop a run at its next safe point with a checkpoint; a checkpoint taken before a due
+validation has run (or while it runs) makes the resumed run run that validation in full, where
+Lightning would otherwise skip it. What this needs of Lightning's loop internals is in
+`memr1.callbacks.lightning_loop`, the one module that touches them.
 """
 
 from __future__ import annotations
 
-import csv
 import logging
-import os
-import re
 import signal
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from memr1 import interrupt
-from memr1.faults import fault_point
-from memr1.modules.outputs import StepOutput
+from memr1.callbacks import lightning_loop
 
 log = logging.getLogger(__name__)
 
-_STEP = re.compile(r"step=(\d+)")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """`torch.save` to `<path>.tmp`, fsync, then `os.replace`: a checkpoint is whole or absent."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.tmp")
-        with open(temporary, "wb") as file:
-            torch.save(checkpoint, file)
-            file.flush()
-            os.fsync(file.fileno())
-        fault_point("checkpoint_write")
-        os.replace(temporary, path)
-
-
-def checkpoint_step(path: Path) -> int:
-    """The global step in a checkpoint's file name (`...step=N...ckpt`); -1 when it has none."""
-    match = _STEP.search(path.name)
-    return int(match.group(1)) if match else -1
-
-
-def latest_checkpoint(directory: str | Path) -> Path | None:
-    """The newest checkpoint in `directory` that loads: the highest step, the newest file among equal
-    steps; symlinks and temporary files are never candidates. None when there is none."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return None
-    candidates = [p for p in directory.glob("*.ckpt") if p.is_file() and not p.is_symlink()]
-    candidates.sort(key=lambda p: (checkpoint_step(p), p.stat().st_mtime), reverse=True)
-    for path in candidates:
-        try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        except Exception as error:  # noqa: BLE001 - any unreadable file is skipped, and said so
-            log.warning("skipping unreadable checkpoint %s: %s", path, error)
-            continue
-        if isinstance(checkpoint, dict) and "loops" in checkpoint and "state_dict" in checkpoint:
-            return path
-        log.warning("skipping %s: not a Lightning training checkpoint", path)
-    return None
-
-
-class MetricsCSV(Callback):
-    """`metrics.csv`: a row per training step (its `StepOutput.metrics`) and per validation, with
-    `step` the global step after it (validation before training is step 0, the first update step 1).
-
-    Each row is appended and fsynced when it is made, before any checkpoint covers it; the row count is
-    part of the checkpoint, and restoring it cuts the file back to that count."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.rows: list[dict[str, Any]] = []
-        self._fields: list[str] = []
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rows": len(self.rows)}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        kept = state_dict.get("rows", 0)
-        on_disk = self._read()
-        if len(on_disk) < kept:
-            log.warning("%s has %d rows, the checkpoint expected %d", self.path, len(on_disk), kept)
-        self.rows = on_disk[:kept]
-        self._rewrite()
-
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        step = StepOutput.of(outputs)
-        if trainer.is_global_zero and step is not None:
-            self._append({"step": trainer.global_step, **step.metrics})
-
-    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.sanity_checking or not trainer.is_global_zero:
-            return
-        scores = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
-        if scores:
-            self._append({"step": trainer.global_step, **scores})
-
-    def _read(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        with self.path.open(newline="") as file:
-            return [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(file)]
-
-    def _append(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
-        if not self._fields or not set(row) <= set(self._fields) or not self.path.exists():
-            self._rewrite()  # a new column (or a fresh file): the header changes, the file is rewritten
-            return
-        with self.path.open("a", newline="") as file:
-            csv.DictWriter(file, fieldnames=self._fields).writerow(row)
-            file.flush()
-            os.fsync(file.fileno())
-
-    def _rewrite(self) -> None:
-        fields = ["step", *sorted({key for row in self.rows for key in row} - {"step"})]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(f".{self.path.name}.tmp")
-        with temporary.open("w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=fields)
-            writer.writeheader()
-            writer.writerows(self.rows)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self.path)
-        self._fields = fields
 
 
 class ResumableRun(Callback):
@@ -167,6 +48,7 @@ class ResumableRun(Callback):
 
     # -- signals ------------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        lightning_loop.check_version()
         interrupt.clear()
         for signum in STOP_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._on_signal)
@@ -187,9 +69,8 @@ class ResumableRun(Callback):
         interrupt.request_stop(signum)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        loop = trainer.fit_loop.epoch_loop
-        self._validation_due = bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
-        self._val_batches_before = loop.val_loop.batch_progress.total.completed
+        self._validation_due = lightning_loop.validation_due(trainer)
+        self._val_batches_before = lightning_loop.validation_batches_done(trainer)
         self._stopped_at_step_end = interrupt.requested() is not None
         interrupt.raise_if_requested()  # the step is complete: a clean boundary
 
@@ -216,23 +97,8 @@ class ResumableRun(Callback):
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         if trainer.state.fn != TrainerFn.FITTING:
             return
-        loops = checkpoint["loops"]["fit_loop"]
         if self._rewind_to_step_end:
-            # Stopped inside a step (its partial work is dropped), inside a validation, or after it
-            # (Lightning's own SIGTERM exit): record the loops as ModelCheckpoint finds them at the end
-            # of the last completed step, the one state Lightning resumes from exactly.
-            for part in ("total", "current"):
-                done = loops["epoch_loop.batch_progress"][part]["completed"]
-                loops["epoch_loop.batch_progress"][part].update(ready=done, started=done, processed=done, completed=done - 1)
-            loops["epoch_loop.state_dict"]["_batches_that_stepped"] = trainer.global_step - 1
-        if not self._validation_due:
-            return
-        # Lightning resumes a validation it finds begun and unfinished ("restarted mid-evaluation") and
-        # skips one it finds not begun. Record it as one batch begun, none done: the resumed run then
-        # runs every validation batch again, with fresh metric state.
-        before = self._val_batches_before
-        loops["epoch_loop.val_loop.batch_progress"] = {
-            "total": {"ready": before + 1, "started": before + 1, "processed": before, "completed": before},
-            "current": {"ready": 1, "started": 1, "processed": 0, "completed": 0},
-            "is_last_batch": False,
-        }
+            # Stopped inside a step, inside a validation, or after it (Lightning's own SIGTERM exit).
+            lightning_loop.rewind_to_step_end(checkpoint, trainer.global_step)
+        if self._validation_due:
+            lightning_loop.mark_validation_begun(checkpoint, self._val_batches_before)
