@@ -87,7 +87,9 @@ class SkipAnswer:
     def __init__(self, tokenizer: object) -> None:
         self.tokenizer = tokenizer
 
-    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[list[Generation]]:
+    records_trunk = False
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig, trunk_depth: int = 0) -> list[list[Generation]]:
         empty = Generation(text="", prompt_ids=[], response_ids=[], logprobs=[], finish_reason="length")
         return [[empty] for _ in prompts]
 

@@ -148,7 +148,9 @@ class MemoryReader:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[list[Generation]]:
+    records_trunk = False
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig, trunk_depth: int = 0) -> list[list[Generation]]:
         contents = [prompt[-1]["content"] for prompt in prompts]  # type: ignore[index]
         self.calls.append(contents)
         return [[Generation(self._answer(content), [1], [2], [0.0], "stop")] for content in contents]

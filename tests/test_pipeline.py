@@ -108,8 +108,9 @@ def test_extractor_parses_lines_into_facts_of_the_speaker():
 
 class MustNotGenerate:
     tokenizer = None
+    records_trunk = False
 
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, trunk_depth=0):
         raise AssertionError("every turn is cached: nothing should be generated")
 
 

@@ -214,7 +214,7 @@ def test_the_probe_reward_scores_fixed_states_with_a_fixed_seed(tokenizer):
     module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), algo, max_new_tokens=6, seed=3, probe_states=2, probe_every_n_steps=2)
     trainer = Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, datamodule=ProbeData(["Say hello.", "Count to three.", "Name a dog."]))
-    assert module.probe == ["Say hello.", "Count to three."]
+    assert module.held_out.probe == ["Say hello.", "Count to three."]
     logged = module.last_step.metrics["train/probe_reward"]  # probed at step 2, after its update
     # The same policy and the same seed give the same samples: the probe moves only when the policy does.
     assert module.probe_reward() == logged == module.probe_reward()
@@ -227,11 +227,13 @@ def test_the_sampled_validation_reward_samples_at_the_rollout_temperature(tokeni
     states = ["Say hello.", "Count to three.", "Name a dog.", "Spell cat."]
     module.sample_validation_rewards(states)
     module.sample_validation_rewards(states)  # the next batch draws with its own seed
-    first, second = module._val_sampled[:4], module._val_sampled[4:]
+    first, second = module.held_out._val_sampled[:4], module.held_out._val_sampled[4:]
     assert len(first) == len(second) == 4 and first != second  # sampled, not greedy
+    assert module.held_out.take_sampled_validation_reward() == pytest.approx(sum(first + second) / 8)
+    assert module.held_out.take_sampled_validation_reward() is None  # taken: the next validation starts afresh
     off = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), algo, max_new_tokens=12, seed=3)
     off.sample_validation_rewards(states)
-    assert off._val_sampled == []
+    assert off.held_out.take_sampled_validation_reward() is None
 
 
 def test_with_reinforce_the_reward_is_the_advantage_even_in_a_group_that_agrees(tokenizer):

@@ -57,11 +57,17 @@ class Generation:
 
 
 class GenerationEngine(Protocol):
-    """Anything that turns prompts into sampled responses: `result[prompt_index][sample_index]`."""
+    """Anything that turns prompts into sampled responses: `result[prompt_index][sample_index]`.
+
+    `records_trunk`: whether `generate(..., trunk_depth=k)` records the output of decoder layer k - 1
+    at every token it reads (`Generation.trunk_hidden`, the frozen trunk of `memr1.llm.trunk`); an
+    engine that cannot refuses a non-zero `trunk_depth`.
+    """
 
     tokenizer: PreTrainedTokenizerBase
+    records_trunk: bool
 
-    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[list[Generation]]: ...
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig, trunk_depth: int = 0) -> list[list[Generation]]: ...
 
 
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt]) -> list[list[int]]:
@@ -159,6 +165,8 @@ class HFEngine:
         )
         self._cache_keyword = cache_keyword(model)
         self._warned_dynamic_cache = False
+
+    records_trunk = True  # its own decoding loop reads every layer's output as it goes
 
     def generate(
         self, prompts: Sequence[Prompt], sampling: SamplingConfig, trunk_depth: int = 0

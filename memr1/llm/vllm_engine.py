@@ -78,7 +78,11 @@ class VLLMEngine:
         self._lora_request: Any = None
         self._lora_version = 0
 
-    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig) -> list[list[Generation]]:
+    records_trunk = False  # vLLM's hidden states stay in its workers: the update computes the trunk itself
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig, trunk_depth: int = 0) -> list[list[Generation]]:
+        if trunk_depth:
+            raise ValueError("VLLMEngine: it cannot record the frozen trunk's states (records_trunk is False)")
         if sampling.constraint is not None:  # vLLM has its own structured outputs; memr1 does not wire them yet
             raise ValueError("VLLMEngine: constrained decoding (SamplingConfig.constraint) runs on the HF engine only")
         vllm = _import_vllm()

@@ -53,7 +53,7 @@ class ExtraStates(Protocol):
 
     def extra_states(self, step: int, draw: int) -> list[Any]: ...
 
-class RLModule(HeldOutRewards, LightningModule):
+class RLModule(LightningModule):
     """Trains `policy` on `env` with the algorithm `algo.name` names (`memr1.rl.algorithms`): PPO needs
     a `critic` (a value model), the others none.
 
@@ -110,12 +110,10 @@ class RLModule(HeldOutRewards, LightningModule):
         self._trunk_depth = 0  # frozen bottom layers, run once per token (memr1.llm.trunk; set in on_train_start)
         # A fixed probe set of training states, sampled with a fixed seed every N steps: the step reward
         # compares different questions each step, the probe reward the same ones (`train/probe_reward`).
-        self.probe_count, self.probe_every_n_steps = probe_states, probe_every_n_steps
-        self.probe: list[Any] = []
         # Validation also samples each state once as rollouts do (`val/sampled_reward`): the reward the
         # training curve reports, on held-out states, beside the greedy metrics.
-        self.val_sampled_reward = val_sampled_reward
-        self._val_sampled: list[float] = []
+        self.probe_count = probe_states
+        self.held_out = HeldOutRewards(self.engine, env, seed, probe_every_n_steps, val_sampled_reward)
         self.strict_loading = False  # checkpoints hold the trainable weights only (on_save_checkpoint)
         self.save_hyperparameters({"algo": asdict(algo), "seed": seed})
 
@@ -175,10 +173,8 @@ class RLModule(HeldOutRewards, LightningModule):
         was_training = self.policy.training
         self.policy.eval()
         started = time.perf_counter()
-        # The HF engine records the frozen trunk's states as it decodes; vLLM's are computed in _score_batch.
-        record = {"trunk_depth": self._trunk_depth} if self._trunk_depth and self._policy_samples_itself else {}
         with torch.no_grad():
-            outputs = self.engine.generate([self.env.prompt(state) for state in states], sampling, **record)
+            outputs = self.engine.generate([self.env.prompt(state) for state in states], sampling, trunk_depth=self._recorded_trunk_depth)
         self.policy.train(was_training)
         self._add_seconds("rollout", started)
         rows = [(state, sample) for state, samples in zip(states, outputs) for sample in samples]
@@ -203,8 +199,14 @@ class RLModule(HeldOutRewards, LightningModule):
             rows = self._keep_groups_with_spread(rows, len(states))
         return self._pack(rows), [reward for _, reward in rows]
 
+    @property
+    def _recorded_trunk_depth(self) -> int:
+        """The trunk depth the engine records while it samples: the policy's own engine, when it can
+        (the HF engine); otherwise 0, and `_score_batch` computes the trunk states in one pass."""
+        return self._trunk_depth if self._policy_samples_itself and self.engine.records_trunk else 0
+
     def _pack(self, rows: Sequence[tuple[Generation, Reward]]) -> RolloutBatch:
-        record = self._trunk_depth and self._policy_samples_itself
+        record = bool(self._recorded_trunk_depth)
         return pack_rollouts(
             [sample.prompt_ids for sample, _ in rows],
             [sample.response_ids for sample, _ in rows],
@@ -397,8 +399,35 @@ class RLModule(HeldOutRewards, LightningModule):
         # FSDP runs a wrapped model only through its root forward: a sharded policy runs whole.
         self._trunk_depth = frozen_trunk_depth(self.policy) if self.algo.reuse_frozen_trunk and not self._sharded else 0
         data = self.trainer.datamodule if self.trainer is not None else None
-        if self.probe_count and self.probe_every_n_steps and hasattr(data, "probe_states"):
-            self.probe = data.probe_states(self.probe_count)
+        if self.probe_count and self.held_out.probe_every_n_steps and hasattr(data, "probe_states"):
+            self.held_out.probe = data.probe_states(self.probe_count)
+
+    def probe_reward(self) -> float:
+        """The probe states' mean reward under the current policy (`HeldOutRewards.probe_reward`)."""
+        with self._evaluating():
+            return self.held_out.probe_reward(self.rollout_sampling())
+
+    def probe_metrics(self) -> dict[str, float]:
+        """This step's `train/probe_reward` when it is a probe step, else nothing."""
+        with self._evaluating():
+            return self.held_out.probe_metrics(self.rollout_sampling(), self.global_step)
+
+    def sample_validation_rewards(self, states: Sequence[Any]) -> None:
+        self.held_out.sample_validation_rewards(states, self.rollout_sampling(), self.global_step)
+
+    def log_sampled_validation_reward(self) -> None:
+        sampled = self.held_out.take_sampled_validation_reward()
+        if sampled is not None:
+            self.log("val/sampled_reward", sampled)
+
+    @contextlib.contextmanager
+    def _evaluating(self) -> Iterator[None]:
+        was_training = self.policy.training
+        self.policy.eval()
+        try:
+            yield
+        finally:
+            self.policy.train(was_training)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         fault_point("train_step")
