@@ -31,11 +31,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from omegaconf import OmegaConf
 
 from memr1.pipeline.compare import Comparison, compare_runs
+from memr1.pipeline.report_file import REPORT_FILE, EvalReport
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ROOT / "conf" / "pipeline"
@@ -188,16 +188,16 @@ REPORT_COLUMNS = (("f1", "F1"), ("bleu1", "BLEU-1"), ("em", "EM"), ("format_erro
 class ReportRow:
     label: str
     directory: Path
-    report: dict[str, Any]
+    report: EvalReport
 
 
 def report_rows(schedule: Schedule) -> list[ReportRow]:
     """Every finished stage marked `report` (its label, directory and report.json), in schedule order."""
     rows = []
     for stage in schedule.stages:
-        report = schedule.root / stage.name / "report.json"
-        if stage.report and report.is_file():
-            rows.append(ReportRow(stage.report, report.parent, json.loads(report.read_text())))
+        directory = schedule.root / stage.name
+        if stage.report and (directory / REPORT_FILE).is_file():
+            rows.append(ReportRow(stage.report, directory, EvalReport.read(directory)))
     return rows
 
 
@@ -213,12 +213,13 @@ def report_table(schedule: Schedule) -> str:
     lines = [header, "|" + "---|" * (len(REPORT_COLUMNS) + 3)]
     against_base = {row.label: compare_runs(base.directory, row.directory) for row in rows[1:]}
     for row in rows:
-        scores = row.report["scores"]
+        scores = row.report.scores
         cells = [f"{float(scores.get(key, float('nan'))):.2f}" for key, _ in REPORT_COLUMNS]
         delta = against_base[row.label].overall["f1"].interval.text() if row.label in against_base else "base"
-        lines.append(f"| {row.label} | " + " | ".join(cells) + f" | {delta} | {row.report['settings'].get('wall_time_s', '')} |")
-    questions = int(base.report["scores"].get("count", 0))
-    split = base.report["settings"].get("split", "")
+        wall = row.report.wall_time_s
+        lines.append(f"| {row.label} | " + " | ".join(cells) + f" | {delta} | {'' if wall is None else wall} |")
+    questions = int(base.report.scores.get("count", 0))
+    split = base.report.split
     lines.append("")
     lines.append(f"{questions} {split} questions, greedy decoding, the same questions and banks in every row; "
                  "Δ paired over the questions, its 95% interval by bootstrap.")

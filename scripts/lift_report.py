@@ -50,6 +50,7 @@ from memr1.datasets.registry import category_names
 from memr1.metrics.lexical import token_f1
 from memr1.pipeline.compare import Comparison, compare_runs
 from memr1.pipeline.compare import markdown as comparison_markdown
+from memr1.pipeline.report_file import EvalReport
 
 SCORES = (("f1", "F1"), ("bleu1", "BLEU-1"), ("em", "EM"))
 LENGTH_BUCKETS = ("0", "1", "2", "3", "4", "5", "6", "7-10", "11-20", ">20")
@@ -145,12 +146,12 @@ def bank_writer(settings: Mapping) -> tuple[str, str | None]:
 def eval_row(spec: RunSpec, command: str | None) -> tuple[dict, list[dict]]:
     """The report row of one evaluation run dir, and its predictions."""
     what = f"--eval {spec.label!r}"
-    report = read_json(spec.path / "report.json", what)
+    report = EvalReport.read(spec.path)
     predictions = read_predictions(spec.path / "predictions.jsonl", what)
-    scores, settings = report["scores"], report["settings"]
+    scores, settings = report.scores, report.settings
     names = category_names(settings["data"])
-    categories = sorted(int(key.split("cat")[1]) for key in scores if key.startswith("count/cat"))
-    answer_latency = report["latency"]["answer"]
+    categories = report.categories()
+    answer_latency = report.latency["answer"]
     answer = settings["answer"]
     banks, manager_ckpt = bank_writer(settings)
     row = {
@@ -203,7 +204,7 @@ def compare_labels(base: str, trained: str, paths: Mapping[str, Path], seed: int
     (labels for run names) and its markdown table with the verdict."""
     comparison: Comparison = compare_runs(paths[base], paths[trained], seed=seed)
     comparison.run_a, comparison.run_b = base, trained
-    names = category_names(read_json(paths[base] / "report.json", f"--eval {base!r}")["settings"]["data"])
+    names = category_names(EvalReport.read(paths[base]).settings["data"])
     return comparison.to_json() | {"verdict": comparison.verdict()}, comparison_markdown(comparison, names)
 
 

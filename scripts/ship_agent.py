@@ -28,6 +28,7 @@ from typing import Any
 
 from memr1.shipped import CARD_FILE, TRAINED_PREFIX, WARM_START_FILE, shipped_path, trained_root
 from memr1.pipeline.compare import compare_runs, read_predictions
+from memr1.pipeline.report_file import EvalReport
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 SPOT_CHECK_QUESTIONS = 8
@@ -58,12 +59,12 @@ def check_warm_start(export: Path, warm_start: str | None) -> None:
 
 
 def evaluation_summary(eval_dir: Path, versus: Path | None) -> dict[str, Any]:
-    report = json.loads((eval_dir / "report.json").read_text())
-    scores = report["scores"]
+    report = EvalReport.read(eval_dir)
+    scores = report.scores
     predictions = read_predictions(eval_dir)
     summary: dict[str, Any] = {
-        "split": report["settings"]["split"],
-        "settings": report["settings"],
+        "split": report.split,
+        "settings": dict(report.settings),
         "scores": {key: scores[key] for key in SCORE_KEYS if key in scores},
         "by_category": {key: value for key, value in scores.items() if "/cat" in key},
         "spot_check": [

@@ -17,6 +17,7 @@ from hydra import compose, initialize_config_dir
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.testing import save_tiny_checkpoint
 from memr1.preflight import EVALUATE_GROUPS, TRAIN_GROUPS, check_typed_groups
+from memr1.pipeline.report_file import EvalReport
 from memr1.schedule import DONE, load_schedule, report_table, stage_command
 from tests.processes import ROOT, environment, wait_for_line
 
@@ -88,7 +89,7 @@ def write_report(directory: Path, f1: float, words: float, answers: tuple[str, .
     """A finished evaluation stage: report.json's scores and the predictions.jsonl they came from."""
     directory.mkdir(parents=True)
     scores = {"f1": f1, "bleu1": f1 / 2, "em": 0.0, "format_error_rate": 50.0, "mean_answer_words": words, "count": 4}
-    (directory / "report.json").write_text(json.dumps({"scores": scores, "settings": {"split": "validation", "wall_time_s": 12.5}}))
+    EvalReport("an evaluation", scores, {}, {"split": "validation", "wall_time_s": 12.5}).write(directory)
     rows = [{"qid": f"q{i}", "gold": gold, "prediction": answer, "category": 1} for i, (answer, gold) in enumerate(zip(answers, GOLDS))]
     (directory / "predictions.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 

@@ -11,6 +11,7 @@ from typing import Any
 from memr1.metrics.qa import QAMetrics
 from memr1.metrics.judge import Verdict
 from memr1.pipeline.answering import Prediction
+from memr1.pipeline.report_file import EvalReport
 
 SCORE_COLUMNS = (("f1", "F1"), ("bleu1", "BLEU-1"), ("em", "EM"), ("j", "J"))
 # Distillation against evidence (memr1.metrics.distill), 0..100, where the agent distils.
@@ -126,9 +127,7 @@ def write_report(
     title: str,
 ) -> None:
     """`report.json`, `report.md` and `scores.png` in `run_dir`."""
-    (run_dir / "report.json").write_text(
-        json.dumps({"title": title, "scores": scores, "latency": latency, "settings": settings}, indent=2, default=str)
-    )
+    EvalReport(title, scores, latency, settings).write(run_dir)
     markdown = [
         f"# {title}",
         "",

@@ -1,0 +1,62 @@
+"""`report.json`, an evaluation run's scores, written and read in one place.
+
+`evaluate.py` writes it (`memr1.pipeline.report.write_report`, through `EvalReport.write`); the
+schedule's closing table, `memr1 compare`'s callers, `scripts/lift_report.py` and
+`scripts/ship_agent.py` read it with `EvalReport.read`, whose errors name the file and what is wrong.
+This module imports neither torch nor matplotlib: the readers stay light.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPORT_FILE = "report.json"
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """title: what was evaluated. scores: 0-100 by name (`f1`, `f1/cat1`, `count`, `format_error_rate`,
+    ...). latency: per stage, `p50_s`, `p95_s`, ... settings: the run's split, banks, answer config,
+    precision, bank sizes, wall time."""
+
+    title: str
+    scores: Mapping[str, float]
+    latency: Mapping[str, Mapping[str, float]]
+    settings: Mapping[str, Any]
+
+    @property
+    def split(self) -> str:
+        return str(self.settings.get("split", ""))
+
+    @property
+    def wall_time_s(self) -> float | None:
+        value = self.settings.get("wall_time_s")
+        return float(value) if value is not None else None
+
+    def categories(self) -> list[int]:
+        """The question categories scored, in order."""
+        return sorted(int(key.split("cat", 1)[1]) for key in self.scores if key.startswith("count/cat"))
+
+    def write(self, run_dir: str | Path) -> Path:
+        path = Path(run_dir) / REPORT_FILE
+        path.write_text(json.dumps(asdict(self), indent=2, default=str))
+        return path
+
+    @classmethod
+    def read(cls, run_dir: str | Path) -> EvalReport:
+        """The report of the evaluation run directory `run_dir`."""
+        path = Path(run_dir) / REPORT_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file; pass an evaluation run directory (evaluate.py's hydra.run.dir)")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not JSON ({error})") from None
+        missing = [key for key in ("title", "scores", "latency", "settings") if not isinstance(raw, dict) or key not in raw]
+        if missing:
+            raise ValueError(f"{path}: missing {', '.join(missing)}: not a report evaluate.py wrote")
+        return cls(raw["title"], raw["scores"], raw["latency"], raw["settings"])

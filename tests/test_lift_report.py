@@ -1,0 +1,76 @@
+"""scripts/lift_report.py on a small fixture of finished runs (two evaluations, one training run),
+written the way evaluate.py and train.py write them: the rows, the paired comparison worked by hand,
+the training summary, the markdown and the figure."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from memr1.pipeline.report_file import EvalReport
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "lift_report.py"
+GOLD = {"q1": ("Where did Ann move?", "Lisbon", 1), "q2": ("What did Bo adopt?", "a dog", 1), "q3": ("When?", "in May", 2)}
+
+
+def evaluation(directory: Path, answers: dict[str, str], f1: float) -> Path:
+    directory.mkdir(parents=True)
+    rows = [{"qid": qid, "conversation_id": "conv-x", "question": question, "gold": gold, "prediction": answers[qid], "category": category}
+            for qid, (question, gold, category) in GOLD.items()]
+    (directory / "predictions.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    scores = {"f1": f1, "bleu1": f1, "em": 0.0, "count": 3.0, "format_error_rate": 0.0, "mean_answer_words": 1.0,
+              **{f"{key}/cat{c}": f1 for key in ("f1", "bleu1", "em") for c in (1, 2)}, "count/cat1": 2.0, "count/cat2": 1.0}
+    settings = {"data": "locomo", "split": "test", "memory": "observation", "wall_time_s": 30.0, "bank_sizes": {"conv-x": 5},
+                "bank_recipe": {"policy": "add_all", "writer": {}},
+                "answer": {"ckpt": None, "k_per_speaker": 5, "max_new_tokens": 64, "distill": True}}
+    EvalReport("fixture", scores, {"answer": {"p50_s": 1.0, "p95_s": 2.0}}, settings).write(directory)
+    return directory
+
+
+def training(directory: Path) -> Path:
+    (directory / "csv").mkdir(parents=True)
+    (directory / "curves.json").write_text(json.dumps({"train": {"reward/mean": [[1, 0.1], [2, 0.3]]}, "val": {"val/f1": [[0, 20.0], [2, 25.0]]}}))
+    (directory / "csv" / "metrics.csv").write_text(
+        "step,reward/mean,time/rollout_s,time/update_s,reward/zero_std_group_frac,response/format_error_rate,train/probe_reward,val/f1\n"
+        "0,,,,,,,20.0\n1,0.1,30.0,10.0,0.5,0.25,0.2,\n2,0.3,34.0,12.0,0.0,0.0,,\n2,,,,,,,25.0\n"
+    )
+    (directory / "train.log").write_text("[2026-12-02 10:00:00,000][memr1][INFO] - start\n[2026-12-02 10:01:30,000][memr1][INFO] - end\n")
+    return directory
+
+
+def test_the_report_of_a_fixture_run(tmp_path, monkeypatch):
+    base = evaluation(tmp_path / "base", {"q1": "Porto", "q2": "a dog", "q3": ""}, 33.33)
+    trained = evaluation(tmp_path / "trained", {"q1": "Lisbon", "q2": "a dog", "q3": "May"}, 88.89)
+    run = training(tmp_path / "grpo")
+    out = tmp_path / "out"
+    spec = importlib.util.spec_from_file_location("lift_report", SCRIPT)
+    lift_report = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "lift_report", lift_report)  # its dataclasses look their module up
+    spec.loader.exec_module(lift_report)
+    monkeypatch.setattr(sys, "argv", [
+        str(SCRIPT), "--eval", f"SFT={base}", "--eval", f"SFT -> GRPO={trained}", "--train", f"GRPO={run}",
+        "--base", "SFT", "--trained", "SFT -> GRPO", "--samples", "3",
+        "--json", str(out / "lift.json"), "--markdown-out", str(out / "lift.md"), "--figure", str(out / "curves.png"),
+    ])
+    lift_report.main()
+
+    report = json.loads((out / "lift.json").read_text())
+    assert [row["label"] for row in report["eval"]] == ["SFT", "SFT -> GRPO"]
+    assert report["eval"][1]["per_category"]["2"]["count"] == 1
+    # Per question F1: SFT 0, 100, 0; SFT -> GRPO 100, 100, 66.67 ("May" against "in May": P 1, R 1/2).
+    (comparison,) = report["comparisons"]
+    assert (comparison["a"], comparison["b"], comparison["common"], comparison["changed"]) == ("SFT", "SFT -> GRPO", 3, 2)
+    assert comparison["overall"]["f1"]["delta"] == pytest.approx((100 + 0 + 200 / 3) / 3)
+    assert [sample["qid"] for sample in report["comparison"]["samples"]] != [] and len(report["comparison"]["samples"]) == 3
+    (summary,) = report["train"]
+    assert (summary["steps"], summary["wall_time_s"], summary["best_val"]) == (2, 90.0, {"key": "val/f1", "value": 25.0, "step": 2})
+    assert summary["seconds_per_step"] == {"rollout": 32.0, "update": 11.0}
+    assert summary["probe_reward_by_step"] == [[1, 0.2]]
+    assert summary["zero_std_group_pct"] == {"first_quarter": 50.0, "last_quarter": 0.0}
+    markdown = (out / "lift.md").read_text()
+    assert "### SFT -> GRPO against SFT (paired, 95% bootstrap interval)" in markdown and "### Training" in markdown
+    assert (out / "curves.png").stat().st_size > 0
