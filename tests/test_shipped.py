@@ -15,6 +15,7 @@ import torch
 
 from memr1.llm.loading import WARM_START_FILE, checkpoint_chain, load_policy, load_tokenizer, write_warm_start
 from memr1.llm.lora import apply_lora
+from memr1.pipeline.report_file import EvalReport
 from memr1.shipped import TRAINED_DIR_ENV, card, shipped_agents, shipped_path
 from memr1.llm.testing import save_tiny_checkpoint
 
@@ -50,7 +51,7 @@ def evaluation_run(directory: Path, backbone: Path, answers: dict[str, tuple[str
     (directory / "predictions.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     f1 = 100.0 * sum(p == g for p, g in answers.values()) / len(answers)
     settings = {"split": "test", "backbone": str(backbone), "precision": "fp32"}
-    (directory / "report.json").write_text(json.dumps({"scores": {"f1": f1, "count": float(len(answers))}, "settings": settings}))
+    EvalReport("fixture", {"f1": f1, "count": float(len(answers))}, {}, settings).write(directory)
     return directory
 
 
