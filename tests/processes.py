@@ -3,11 +3,17 @@ subprocess, armed with a fault point (memr1/faults.py) where a test kills or sto
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from memr1.faults import FAULT_ENV
@@ -15,10 +21,11 @@ from memr1.faults import FAULT_ENV
 ROOT = Path(__file__).resolve().parents[1]
 
 # A run of a few seconds a step on 2 cores: no-distill Answer Agent over ADD-all banks, GRPO G=2 with
-# an entropy bonus (the tiny model earns no reward, so the entropy term is what moves the weights and
-# makes the final parameters depend on every step taken), validation every 2 steps.
+# an entropy bonus, validation every 2 steps. The tiny model's answers never match a gold answer, so
+# `train_command(judge=...)` rewards them through a `ParityJudge` instead: then the groups have reward
+# spread and the policy gradient (advantages, their resume) moves the weights too.
 TINY_RUN = (
-    "answer.distill=false", "answer.k_per_speaker=1", "answer.max_new_tokens=4", "algo.group_size=2",
+    "answer.distill=false", "answer.k_per_speaker=1", "answer.max_new_tokens=4",
     "algo.actor_lr=1e-3", "algo.entropy_coef=0.1", "algo.micro_batch_size=2",
     "data_loader.states_per_step=2", "data_loader.max_steps=6", "data_loader.val_check_interval=2",
     "data_loader.limit_val_batches=1", "data_loader.val_batch_size=2", "checkpoint.every_n_train_steps=1",
@@ -33,11 +40,50 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def train_command(backbone: Path, run_dir: Path, banks_dir: Path, *extra: str) -> list[str]:
+# Each algorithm's own settings (train.py refuses a setting the chosen algorithm would ignore).
+ALGO_RUN = {"grpo": ("algo.group_size=2",), "ppo": ("algo=ppo", "algo.critic_lr=1e-3")}
+
+
+def train_command(
+    backbone: Path, run_dir: Path, banks_dir: Path, *extra: str, judge: str | None = None, algo: str = "grpo"
+) -> list[str]:
+    """A tiny train.py run of `algo`; `judge`: the URL of a judge endpoint (`ParityJudge`) that rewards its answers."""
+    rewarded = ("model.reward=judge", "judge=openai_compatible", f"judge.url={judge}", "judge.model=parity") if judge else ()
     return [
         sys.executable, str(ROOT / "train.py"), f"backbone.name_or_path={backbone}", f"run_dir={run_dir}",
-        f"banks.dir={banks_dir}", *TINY_RUN, *extra,
+        f"banks.dir={banks_dir}", *TINY_RUN, *ALGO_RUN[algo], *rewarded, *extra,
     ]
+
+
+class ParityJudge(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-compatible judge on loopback: CORRECT when the generated answer has an even number of
+    characters. Deterministic and about half the time: a tiny model's samples then differ in reward."""
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        answer = re.search(r"^Generated answer: (.*)$", body["messages"][-1]["content"], re.MULTILINE)
+        label = "CORRECT" if answer is not None and len(answer.group(1)) % 2 == 0 else "WRONG"
+        reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": json.dumps({"label": label})}, "finish_reason": "stop"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def parity_judge() -> Iterator[str]:
+    """A `ParityJudge` served on a free loopback port for the block: its /v1 URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ParityJudge)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
 
 
 def environment(fault: str | None = None) -> dict[str, str]:

@@ -1,7 +1,9 @@
 """A training run killed anywhere loses nothing: real train.py subprocesses of a tiny model over real
-Milvus Lite banks, killed with SIGKILL (during the bank build, during a checkpoint write, at random
-moments) or stopped with SIGTERM / SIGINT, then resumed with `ckpt_path=last`. Each resumed run must
-end with the unbroken run's parameters (atol 1e-6) and logs in which every step appears exactly once.
+Milvus Lite banks, rewarded by a judge on loopback (tests/processes.py's ParityJudge: groups with
+reward spread, so the advantages and the policy gradient are part of what resumes), killed with SIGKILL
+(during the bank build, during a checkpoint write, at drawn points; a PPO run mid-update) or stopped
+with SIGTERM / SIGINT, then resumed with `ckpt_path=last`. Each resumed run must end with the
+unbroken run's parameters (atol 1e-6) and logs in which every step appears exactly once.
 
 Every kill and stop lands at a named fault point (memr1/faults.py, armed by `MEMR1_FAULT`), not after
 a wall-clock delay, so the same kills happen on a slow and a fast machine.
@@ -17,13 +19,14 @@ import random
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from processes import ROOT, environment, run, train_command, wait_for_line
+from processes import ROOT, environment, parity_judge, run, train_command, wait_for_line
 from memr1.callbacks import checkpoint_step, latest_checkpoint
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.testing import save_tiny_checkpoint
@@ -37,11 +40,22 @@ def backbone(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def unbroken(backbone, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("unbroken")
-    status = run(train_command(backbone, root / "run", root / "banks"), root / "log.txt")
+def judge() -> Iterator[str]:
+    """The judge that rewards every run here (tests/processes.py's ParityJudge): groups with spread."""
+    with parity_judge() as url:
+        yield url
+
+
+def unbroken_run(backbone: Path, root: Path, judge: str, algo: str = "grpo", *extra: str) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    status = run(train_command(backbone, root / "run", root / "banks", *extra, judge=judge, algo=algo), root / "log.txt")
     assert status == 0, (root / "log.txt").read_text()[-3000:]
     return root
+
+
+@pytest.fixture(scope="module")
+def unbroken(backbone, judge, tmp_path_factory) -> Path:
+    return unbroken_run(backbone, tmp_path_factory.mktemp("unbroken"), judge)
 
 
 def logged_rows(run_dir: Path) -> list[tuple[int, str, str]]:
@@ -77,13 +91,20 @@ def assert_checkpoints_whole(checkpoints: Path) -> None:
         assert "loops" in checkpoint and "state_dict" in checkpoint, path
 
 
-def resume_command(backbone: Path, run_dir: Path, banks: Path) -> list[str]:
+def resume_command(backbone: Path, run_dir: Path, banks: Path, judge: str, algo: str = "grpo", *extra: str) -> list[str]:
     started = latest_checkpoint(run_dir / "checkpoints") is not None
-    return train_command(backbone, run_dir, banks, *(["ckpt_path=last"] if started else []))
+    return train_command(backbone, run_dir, banks, *extra, *(["ckpt_path=last"] if started else []), judge=judge, algo=algo)
+
+
+def metric_column(run_dir: Path, name: str) -> list[float]:
+    with (run_dir / "csv" / "metrics.csv").open() as file:
+        return [float(row[name]) for row in csv.DictReader(file) if row.get(name)]
 
 
 def test_unbroken_run_logs_each_step_once_quietly(unbroken):
     run_dir = unbroken / "run"
+    # The judge pays some samples and not others: the policy gradient, not only the entropy bonus, moves the weights.
+    assert max(metric_column(run_dir, "advantage/nonzero_frac")) > 0 and len(set(metric_column(run_dir, "reward/mean"))) > 1
     steps = [step for step, kind, _ in logged_rows(run_dir) if kind == "train"]
     assert steps == [1, 2, 3, 4, 5, 6]  # metrics.csv counts steps from 1, as the curves do
     assert [s for s, kind, _ in logged_rows(run_dir) if kind == "val"] == [2, 4, 6]
@@ -112,7 +133,7 @@ def random_fault(rng: random.Random, done: int) -> str:
     return f"{point}:{rng.randint(1, choices[point])}"
 
 
-def test_sigkill_anywhere_then_resume_ends_where_the_unbroken_run_ends(backbone, unbroken, tmp_path):
+def test_sigkill_anywhere_then_resume_ends_where_the_unbroken_run_ends(backbone, unbroken, judge, tmp_path):
     run_dir, banks, log = tmp_path / "run", tmp_path / "banks", tmp_path / "log.txt"
     rng = random.Random(1234)
     # Fault points, not wall-clock delays: each kill lands at the same place on a slow or a fast machine.
@@ -126,7 +147,7 @@ def test_sigkill_anywhere_then_resume_ends_where_the_unbroken_run_ends(backbone,
         if done == STEPS:  # only the last validation is left: no more training to kill
             break
         fault = kills[position] if position < len(kills) else random_fault(rng, done)
-        status = run(resume_command(backbone, run_dir, banks), log, fault=fault)
+        status = run(resume_command(backbone, run_dir, banks, judge), log, fault=fault)
         assert status == -signal.SIGKILL, f"{fault}: the run was meant to be killed there; it exited {status}"
         point, number = fault.split(":")
         assert f"memr1 fault: SIGKILL at {point} #{number}" in log.read_text()
@@ -138,14 +159,27 @@ def test_sigkill_anywhere_then_resume_ends_where_the_unbroken_run_ends(backbone,
             assert list((run_dir / "checkpoints").glob(".*.ckpt.tmp"))  # killed mid-write: only a .tmp left
     assert len(hit) >= 4, hit
     print("fault points hit:", " ".join(hit))  # the same on any machine (pytest -s shows it)
-    assert run(resume_command(backbone, run_dir, banks), log) == 0, log.read_text()[-3000:]
+    assert run(resume_command(backbone, run_dir, banks, judge), log) == 0, log.read_text()[-3000:]
     assert_same_run(run_dir, unbroken / "run")
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_stop_signal_checkpoints_exits_and_resumes(backbone, unbroken, tmp_path, signum):
+def test_a_ppo_run_killed_mid_update_resumes_to_the_unbroken_one(backbone, judge, tmp_path):
+    # PPO's resume carries more: the critic, its optimiser, GAE's advantages from its values.
+    # 4 states of one sample each, in micro-batches of 2: micro-batch 5 is step 3's first.
+    four = "data_loader.states_per_step=4"
+    expected = unbroken_run(backbone, tmp_path / "unbroken", judge, "ppo", four)
     run_dir, banks, log = tmp_path / "run", tmp_path / "banks", tmp_path / "log.txt"
-    command = train_command(backbone, run_dir, banks, "logging.wandb=true")
+    for fault in ("micro_batch:5", "checkpoint_write:2"):
+        status = run(resume_command(backbone, run_dir, banks, judge, "ppo", four), log, fault=fault)
+        assert status == -signal.SIGKILL, f"{fault}: the run was meant to be killed there; it exited {status}"
+    assert run(resume_command(backbone, run_dir, banks, judge, "ppo", four), log) == 0, log.read_text()[-3000:]
+    assert_same_run(run_dir, expected / "run")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_checkpoints_exits_and_resumes(backbone, unbroken, judge, tmp_path, signum):
+    run_dir, banks, log = tmp_path / "run", tmp_path / "banks", tmp_path / "log.txt"
+    command = train_command(backbone, run_dir, banks, "logging.wandb=true", judge=judge)
     with log.open("w") as out:
         # The run waits at step 4's start until the signal comes: it cannot finish first on a fast machine.
         process = subprocess.Popen(command, cwd=ROOT, env=environment("train_step:4:WAIT"), stdout=out, stderr=subprocess.STDOUT)
@@ -162,7 +196,7 @@ def test_a_stop_signal_checkpoints_exits_and_resumes(backbone, unbroken, tmp_pat
     assert latest_checkpoint(run_dir / "checkpoints") == interrupted
     run_id = (run_dir / "wandb_run_id.txt").read_text().strip()
 
-    assert run(train_command(backbone, run_dir, banks, "logging.wandb=true", "ckpt_path=last"), log) == 0, log.read_text()[-3000:]
+    assert run(train_command(backbone, run_dir, banks, "logging.wandb=true", "ckpt_path=last", judge=judge), log) == 0, log.read_text()[-3000:]
     assert_same_run(run_dir, unbroken / "run")
     # W&B resumed the same run: both processes wrote offline runs under the one id.
     assert (run_dir / "wandb_run_id.txt").read_text().strip() == run_id
