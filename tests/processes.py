@@ -55,6 +55,16 @@ def train_command(
     ]
 
 
+def reply_with_chat(handler: http.server.BaseHTTPRequestHandler, content: str) -> None:
+    """Answer an OpenAI chat-completions request with one choice whose message is `content`."""
+    reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(reply)))
+    handler.end_headers()
+    handler.wfile.write(reply)
+
+
 class ParityJudge(http.server.BaseHTTPRequestHandler):
     """An OpenAI-compatible judge on loopback: CORRECT when the generated answer has an even number of
     characters. Deterministic and about half the time: a tiny model's samples then differ in reward."""
@@ -63,12 +73,7 @@ class ParityJudge(http.server.BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         answer = re.search(r"^Generated answer: (.*)$", body["messages"][-1]["content"], re.MULTILINE)
         label = "CORRECT" if answer is not None and len(answer.group(1)) % 2 == 0 else "WRONG"
-        reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": json.dumps({"label": label})}, "finish_reason": "stop"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
+        reply_with_chat(self, json.dumps({"label": label}))
 
     def log_message(self, *args: object) -> None:
         pass

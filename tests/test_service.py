@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from processes import free_port
+from processes import free_port, reply_with_chat
 
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.openai_client import OpenAICompatibleClient
@@ -45,12 +45,7 @@ class RuleManager(http.server.BaseHTTPRequestHandler):
             entry = {"id": "0", "text": "Andrew adopted two dogs, Buddy and Scout", "event": "UPDATE", "old_memory": first.group(1)}
         else:
             entry = {"id": "new", "text": fact, "event": "ADD"}
-        reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": json.dumps({"memory": [entry]})}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
+        reply_with_chat(self, json.dumps({"memory": [entry]}))
 
     def log_message(self, *args: object) -> None:
         pass

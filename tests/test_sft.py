@@ -20,7 +20,7 @@ from memr1.llm.engines import encode_prompts
 from memr1.llm.loading import WARM_START_FILE, checkpoint_chain, load_policy, load_tokenizer
 from memr1.llm.openai_client import EndpointError
 from memr1.llm.sharding import submodule_state
-from memr1.llm.testing import save_tiny_checkpoint
+from memr1.llm.testing import save_lora_export, save_tiny_checkpoint
 from memr1.modules.sft import AnswerSFTModule
 from memr1.rl import core
 from memr1.teachers import EndpointTeacher, EvidenceAnswerTeacher, RuleManagerTeacher, TeacherTrajectories, closest_to_answer
@@ -189,22 +189,6 @@ def test_an_unreachable_teacher_endpoint_fails_with_its_address():
         EndpointTeacher("", "m")
 
 
-def sft_export(backbone: Path, target: Path) -> Path:
-    """An SFT run's LoRA export: adapters on the tiny backbone with non-zero (trained-looking) weights."""
-    from memr1.llm.lora import apply_lora
-
-    model, tokenizer = load_policy(backbone)
-    model = apply_lora(model, 4, 8, 0.0, ["q_proj", "v_proj"])
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    return target
-
-
 def logits_of(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model(input_ids=ids).logits
@@ -222,7 +206,7 @@ def train_config(backbone: Path, tmp_path: Path, *overrides: str):
 def test_rl_from_a_warm_start_loads_it_and_takes_it_as_the_kl_reference(backbone, tmp_path, lora):
     from memr1.factories import build_module
 
-    init = sft_export(backbone, tmp_path / "sft" / "policy" / "best")
+    init = save_lora_export(backbone, tmp_path / "sft" / "policy" / "best")
     cfg = train_config(backbone, tmp_path, "algo=grpo", f"answer.ckpt={init}", f"lora.enabled={str(lora).lower()}", "lora.target_modules=[q_proj,v_proj]")
     module = build_module(cfg)
     ids = torch.tensor([[1, 5, 9, 14, 2, 7]])
@@ -239,7 +223,7 @@ def test_a_warm_started_lora_export_names_its_warm_start_and_loads_through_it(ba
     from memr1.callbacks.export import ExportPolicy
     from memr1.factories import build_module
 
-    init = sft_export(backbone, tmp_path / "sft" / "policy" / "best")
+    init = save_lora_export(backbone, tmp_path / "sft" / "policy" / "best")
     cfg = train_config(backbone, tmp_path, "algo=grpo", f"answer.ckpt={init}", "lora.enabled=true", "lora.target_modules=[q_proj,v_proj]")
     module = build_module(cfg)
     with torch.no_grad():  # the RL adapters learned something of their own

@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from memr1.llm.loading import WARM_START_FILE, checkpoint_chain, load_policy, load_tokenizer, write_warm_start
-from memr1.llm.lora import apply_lora
+from memr1.llm.loading import WARM_START_FILE, checkpoint_chain, load_policy, load_tokenizer
 from memr1.pipeline.report_file import EvalReport
 from memr1.shipped import TRAINED_DIR_ENV, card, shipped_agents, shipped_path
-from memr1.llm.testing import save_tiny_checkpoint
+from memr1.llm.testing import save_lora_export, save_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,22 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def backbone(tmp_path_factory) -> Path:
     return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "model", load_tokenizer("embedded:smollm2-135m-instruct"))
-
-
-def lora_export(backbone: Path, target: Path, seed: int, init: Path | None = None) -> Path:
-    """A LoRA export with non-zero adapter weights, trained (as it were) on top of `init` if given."""
-    model, tokenizer = load_policy(backbone, ckpt=init)
-    model = apply_lora(model, 4, 8, 0.0, ["q_proj", "v_proj"])
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    if init is not None:
-        write_warm_start(target, init)
-    return target
 
 
 def evaluation_run(directory: Path, backbone: Path, answers: dict[str, tuple[str, str]]) -> Path:
@@ -66,8 +49,8 @@ def weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow  # three processes each import torch
 def test_a_shipped_chain_loads_by_name_exactly_as_the_run_exports(backbone, tmp_path, monkeypatch):
-    sft = lora_export(backbone, tmp_path / "sft" / "policy" / "last", seed=1)
-    rl = lora_export(backbone, tmp_path / "rl" / "policy" / "best", seed=2, init=sft)
+    sft = save_lora_export(backbone, tmp_path / "sft" / "policy" / "last", seed=1)
+    rl = save_lora_export(backbone, tmp_path / "rl" / "policy" / "best", seed=2, init=sft)
     base_eval = evaluation_run(tmp_path / "eval-sft", backbone, {"q1": ("a", "a"), "q2": ("x", "b"), "q3": ("x", "c")})
     rl_eval = evaluation_run(tmp_path / "eval-rl", backbone, {"q1": ("a", "a"), "q2": ("b", "b"), "q3": ("x", "c")})
     root = tmp_path / "trained"
@@ -80,7 +63,7 @@ def test_a_shipped_chain_loads_by_name_exactly_as_the_run_exports(backbone, tmp_
     shipped = ship(root, "--name", "sft", "--export", str(sft), "--eval", str(base_eval), *common)
     assert shipped.returncode == 0, shipped.stderr
     # A warm start that is not the adapter the run started from is refused by digest.
-    other = lora_export(backbone, tmp_path / "other", seed=5)
+    other = save_lora_export(backbone, tmp_path / "other", seed=5)
     assert ship(root, "--name", "other", "--export", str(other), "--eval", str(base_eval), *common).returncode == 0
     wrong = ship(root, "--name", "rl", "--export", str(rl), "--eval", str(rl_eval), "--warm-start", "trained:other", *common)
     assert wrong.returncode != 0 and "is not the one" in wrong.stderr

@@ -54,3 +54,25 @@ def save_tiny_checkpoint(target: str | Path, tokenizer: PreTrainedTokenizerBase,
     tiny_causal_lm(tokenizer, seed=seed).save_pretrained(target)
     tokenizer.save_pretrained(target)
     return target
+
+
+def save_lora_export(backbone: str | Path, target: str | Path, *, seed: int = 3, init: str | Path | None = None) -> Path:
+    """A LoRA policy export as a training run writes one: adapters (q_proj, v_proj, r 4) on `backbone`
+    (after the warm start `init`, recorded in its warm_start.json, when given) with non-zero,
+    trained-looking weights drawn from `seed`, saved with the tokenizer."""
+    from memr1.llm.loading import load_policy, write_warm_start
+    from memr1.llm.lora import apply_lora
+
+    target = Path(target)
+    model, tokenizer = load_policy(backbone, ckpt=init)
+    model = apply_lora(model, 4, 8, 0.0, ["q_proj", "v_proj"])
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    if init is not None:
+        write_warm_start(target, init)
+    return target
