@@ -114,9 +114,10 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[Callback]:
     monitor = monitored_metric(cfg.model.agent)
     # Order matters at the end of a step: the logs are written before ResumableRun may stop the run,
     # and Lightning runs ModelCheckpoint last, after every other callback's state is up to date.
+    metrics = MetricsCSV(run_dir / "csv" / "metrics.csv")
     callbacks: list[Callback] = [
-        MetricsCSV(run_dir / "csv" / "metrics.csv"),
-        TrainingCurves(run_dir),
+        metrics,
+        TrainingCurves(run_dir, metrics),  # drawn from metrics' rows, after they are written
         SampleLog(run_dir, every_n_steps=cfg.logging.samples_every_n_steps),
         StepConsole(),
         ResumableRun(run_dir / "checkpoints"),

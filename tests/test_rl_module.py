@@ -16,7 +16,7 @@ from lightning.pytorch import LightningDataModule, Trainer
 from torch.utils.data import DataLoader
 
 from memr1.agents.answer import AnswerAgent
-from memr1.callbacks import ExportPolicy, TrainingCurves
+from memr1.callbacks import ExportPolicy, MetricsCSV, TrainingCurves
 from memr1.envs.answer import AnswerEnv, AnswerState
 from memr1.envs.base import Reward
 from memr1.llm.loading import load_tokenizer
@@ -158,7 +158,7 @@ def test_val_before_train_puts_the_base_policy_at_step_zero(tokenizer, tmp_path,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[TrainingCurves(tmp_path), ExportPolicy(tmp_path / "policy", monitor="val/f1")],
+        callbacks=[metrics := MetricsCSV(tmp_path / "metrics.csv"), TrainingCurves(tmp_path, metrics), ExportPolicy(tmp_path / "policy", monitor="val/f1")],
     )
     fit(trainer, module, AnswerStatesData(states), ckpt_path=None, val_before_train=val_before_train)
     curves = json.loads((tmp_path / "curves.json").read_text())

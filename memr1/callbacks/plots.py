@@ -1,5 +1,7 @@
 """`training_curves.png`: reward and validation scores by step, redrawn at every validation and at the end;
-`curves.json` (the numbers) is rewritten every step, so a killed run keeps its curves."""
+`curves.json` (the numbers) is rewritten every step, so a killed run keeps its curves. Both are derived
+from the rows of `metrics.csv` (`MetricsCSV`), the run's one record of its metrics and of how far a
+resume rewinds them."""
 
 from __future__ import annotations
 
@@ -8,38 +10,47 @@ from pathlib import Path
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from memr1.callbacks.metrics_csv import MetricsCSV
+
 TRAIN_KEYS = ("reward/mean",)
 VAL_KEYS = ("val/f1", "val/bleu1", "val/em", "val/reward", "val/sampled_reward")
 
+Series = dict[str, list[tuple[int, float]]]
+
 
 class TrainingCurves(Callback):
-    """Keeps the reward per step and validation scores per check in `curves.json` and plots them."""
+    """`curves.json` and `training_curves.png` in `dirpath`, from `metrics`' rows (it must come before
+    this callback in the trainer's list, so that a step's row is there when its curves are written)."""
 
-    def __init__(self, dirpath: str | Path) -> None:
+    def __init__(self, dirpath: str | Path, metrics: MetricsCSV) -> None:
         self.dirpath = Path(dirpath)
-        self.train: dict[str, list[tuple[int, float]]] = {}
-        self.val: dict[str, list[tuple[int, float]]] = {}
+        self.metrics = metrics
+
+    def series(self, keys: tuple[str, ...]) -> Series:
+        """(step, value) of each of `keys` over the rows that have it, in row order; keys with none left out."""
+        found: Series = {}
+        for row in self.metrics.rows:
+            for key in keys:
+                if row.get(key) not in (None, ""):
+                    found.setdefault(key, []).append((int(row["step"]), float(row[key])))
+        return found
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
-        for key in TRAIN_KEYS:
-            if key in trainer.callback_metrics:
-                self.train.setdefault(key, []).append((trainer.global_step, float(trainer.callback_metrics[key])))
-        self.write_json()  # every step, so a killed run's curves.json is complete up to its last step
+        if trainer.is_global_zero:
+            self.write_json()  # every step, so a killed run's curves.json is complete up to its last step
 
     def write_json(self) -> None:
         self.dirpath.mkdir(parents=True, exist_ok=True)
-        (self.dirpath / "curves.json").write_text(json.dumps({"train": self.train, "val": self.val}, indent=1))
+        curves = {"train": self.series(TRAIN_KEYS), "val": self.series(VAL_KEYS)}
+        (self.dirpath / "curves.json").write_text(json.dumps(curves, indent=1))
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.sanity_checking:
-            return
-        for key in VAL_KEYS:
-            if key in trainer.callback_metrics:
-                self.val.setdefault(key, []).append((trainer.global_step, float(trainer.callback_metrics[key])))
-        self.draw()
+        if not trainer.sanity_checking and trainer.is_global_zero:
+            self.draw()
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.draw()
+        if trainer.is_global_zero:
+            self.draw()
 
     def draw(self) -> None:
         import matplotlib
@@ -48,7 +59,7 @@ class TrainingCurves(Callback):
         import matplotlib.pyplot as plt
 
         self.write_json()
-        panels = [("train reward", self.train), ("validation", self.val)]
+        panels = [("train reward", self.series(TRAIN_KEYS)), ("validation", self.series(VAL_KEYS))]
         figure, axes = plt.subplots(1, 2, figsize=(11, 4))
         for axis, (title, series) in zip(axes, panels):
             for key, points in series.items():
@@ -62,10 +73,3 @@ class TrainingCurves(Callback):
         figure.tight_layout()
         figure.savefig(self.dirpath / "training_curves.png", dpi=120)
         plt.close(figure)
-
-    def state_dict(self) -> dict:
-        return {"train": self.train, "val": self.val}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.train = {k: [tuple(p) for p in v] for k, v in state_dict.get("train", {}).items()}
-        self.val = {k: [tuple(p) for p in v] for k, v in state_dict.get("val", {}).items()}
