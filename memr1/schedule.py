@@ -35,7 +35,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from memr1.pipeline.compare import Comparison, compare_runs
-from memr1.pipeline.report_file import REPORT_FILE, EvalReport
+from memr1.pipeline.report_file import LEXICAL_COLUMNS, REPORT_FILE, EvalReport
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ROOT / "conf" / "pipeline"
@@ -181,7 +181,7 @@ def _run_forwarding_signals(command: list[str]) -> int:
             signal.signal(sig, handler)
 
 
-REPORT_COLUMNS = (("f1", "F1"), ("bleu1", "BLEU-1"), ("em", "EM"), ("format_error_rate", "format errors %"), ("mean_answer_words", "mean words"))
+REPORT_COLUMNS = (*LEXICAL_COLUMNS, ("format_error_rate", "format errors %"), ("mean_answer_words", "mean words"))
 
 
 @dataclass(frozen=True)

@@ -50,9 +50,9 @@ from memr1.datasets.registry import category_names
 from memr1.metrics.lexical import token_f1
 from memr1.pipeline.compare import Comparison, compare_runs
 from memr1.pipeline.compare import markdown as comparison_markdown
-from memr1.pipeline.report_file import EvalReport
+from memr1.pipeline.report_file import DISTILL_COLUMNS, LEXICAL_COLUMNS, NO_MEMORY_LIST, EvalReport
 
-SCORES = (("f1", "F1"), ("bleu1", "BLEU-1"), ("em", "EM"))
+SCORES = LEXICAL_COLUMNS
 LENGTH_BUCKETS = ("0", "1", "2", "3", "4", "5", "6", "7-10", "11-20", ">20")
 # train.log lines start with Hydra's "[2026-11-30 04:49:31,335][logger][LEVEL] - ..."
 LOG_TIMESTAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3})\]")
@@ -164,10 +164,14 @@ def eval_row(spec: RunSpec, command: str | None) -> tuple[dict, list[dict]]:
                 "name": names.get(category, str(category)),
                 "count": int(scores[f"count/cat{category}"]),
                 **{key: scores[f"{key}/cat{category}"] for key, _ in SCORES},
+                **{key: scores.get(f"{key}/cat{category}") for key, _ in DISTILL_COLUMNS},
             }
             for category in categories
         },
         "format_error_rate": scores["format_error_rate"],
+        # Did the distilling agent keep its memory list, and were the memories it chose the evidence?
+        "no_memory_list_pct": scores.get(NO_MEMORY_LIST),
+        **{key: scores.get(key) for key, _ in DISTILL_COLUMNS},
         "mean_answer_words": scores["mean_answer_words"],
         "wall_time_s": settings["wall_time_s"],
         "answer_latency_s": {"p50": answer_latency["p50_s"], "p95": answer_latency["p95_s"]},
@@ -338,13 +342,16 @@ def table(header: Sequence[str], align: Sequence[str], rows: Sequence[Sequence[s
 
 
 def scores_table(rows: Sequence[dict]) -> str:
-    header = ["Run", "n", *(title for _, title in SCORES), "Format errors %", "Mean words", "Banks", "Manager format errors", "Memories in the banks", "Wall time (min)"]
+    header = ["Run", "n", *(title for _, title in SCORES), "Format errors %", "No memory list %", *(title for _, title in DISTILL_COLUMNS),
+              "Mean words", "Banks", "Manager format errors", "Memories in the banks", "Wall time (min)"]
     body = [
         [
             cell(row["label"]),
             str(row["count"]),
             *(number(row[key]) for key, _ in SCORES),
             number(row["format_error_rate"], 1),
+            number(row["no_memory_list_pct"], 1),
+            *(number(row[key], 1) for key, _ in DISTILL_COLUMNS),
             number(row["mean_answer_words"], 1),
             row["settings"]["banks"],
             str(row["manager_format_errors"]),
@@ -353,7 +360,7 @@ def scores_table(rows: Sequence[dict]) -> str:
         ]
         for row in rows
     ]
-    return table(header, ["---", "---:", *["---:"] * (len(SCORES) + 2), "---", *["---:"] * 3], body)
+    return table(header, ["---", "---:", *["---:"] * (len(SCORES) + len(DISTILL_COLUMNS) + 3), "---", *["---:"] * 3], body)
 
 
 def category_table(rows: Sequence[dict]) -> str:

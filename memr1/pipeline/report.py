@@ -11,11 +11,8 @@ from typing import Any
 from memr1.metrics.qa import QAMetrics
 from memr1.metrics.judge import Verdict
 from memr1.pipeline.answering import Prediction
-from memr1.pipeline.report_file import EvalReport
+from memr1.pipeline.report_file import DISTILL_COLUMNS, SCORE_COLUMNS, EvalReport
 
-SCORE_COLUMNS = (("f1", "F1"), ("bleu1", "BLEU-1"), ("em", "EM"), ("j", "J"))
-# Distillation against evidence (memr1.metrics.distill), 0..100, where the agent distils.
-DISTILL_COLUMNS = (("distill_recall", "Distill R"), ("distill_precision", "Distill P"), ("evidence_retrieved", "Evidence retrieved"))
 
 
 def score_predictions(
