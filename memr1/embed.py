@@ -54,6 +54,10 @@ class Embedder:
         get_dim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
         return int(get_dim())
 
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        """The tokens the model reads for `texts` (special tokens included, before truncation)."""
+        return sum(len(ids) for ids in self._model.tokenizer(list(texts))["input_ids"])
+
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Embed `texts`: float32 array of shape (len(texts), dim), each row of unit L2 norm.
 

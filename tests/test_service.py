@@ -253,6 +253,19 @@ def test_what_the_server_cannot_honour_is_refused_by_name(service, extra, field)
         client.chat.completions.create(**request)
 
 
+def test_embeddings_are_the_banks_own(service, embedder):
+    client = openai.OpenAI(base_url=f"{service}/v1", api_key="unused", max_retries=0)
+    texts = ["Andrew adopted a dog named Buddy", "Maria volunteers at a shelter"]
+    reply = client.embeddings.create(model="any", input=texts, dimensions=384)
+    assert [item.index for item in reply.data] == [0, 1] and reply.usage.prompt_tokens == embedder.count_tokens(texts)
+    for item, expected in zip(reply.data, embedder.encode(texts)):
+        assert len(item.embedding) == 384 and max(abs(a - float(b)) for a, b in zip(item.embedding, expected)) < 1e-6
+    as_floats = client.embeddings.create(model="any", input=texts, encoding_format="float")  # the client's default is base64
+    assert [item.embedding for item in as_floats.data] == [item.embedding for item in reply.data]
+    with pytest.raises(openai.BadRequestError, match="dimensions: this embedder's vectors have 384, not 1536"):
+        client.embeddings.create(model="any", input="hi", dimensions=1536)
+
+
 def test_json_schema_replies_fit_their_schema(service):
     client = openai.OpenAI(base_url=f"{service}/v1", api_key="unused", max_retries=0)
     schema = {"type": "object", "properties": {"city": {"enum": ["Lisbon", "Porto"]}, "year": {"type": "integer", "minimum": 2000, "maximum": 2030}},

@@ -14,6 +14,7 @@ engine does not yield tokens as it goes).
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
@@ -26,6 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
+from memr1.embed import Embedder
 from memr1.llm.sampling import SamplingConfig
 from memr1.service.models import Completion, ResponseFormat, TextModel
 
@@ -117,11 +119,39 @@ def response_format_of(request: ChatRequest) -> ResponseFormat | None:
     return ResponseFormat("json_schema", inner["schema"], str(inner.get("name", "response")))
 
 
-def openai_router(chat_model: TextModel | None, dependencies: list[Any], errors: Callable[..., Any]) -> APIRouter:
-    """The routes for `chat_model` (None: chat refused with a 400); `errors` maps the model's own
-    refusals (a ValueError) to 4xx, as the other routes do."""
+class EmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)  # user: no effect
+    model: str | None = None
+    input: str | list[str] = Field(min_length=1)
+    encoding_format: Literal["float", "base64"] = "float"  # base64: little-endian float32 (the openai client's default)
+    dimensions: int | None = Field(None, ge=1)
+
+
+def openai_router(chat_model: TextModel | None, dependencies: list[Any], errors: Callable[..., Any], embedder: Embedder | None = None) -> APIRouter:
+    """The routes for `chat_model` (None: chat refused with a 400) and `embedder` (`/v1/embeddings`,
+    the service's own memory embedder: other tools then embed as the banks do); `errors` maps the
+    model's own refusals (a ValueError) to 4xx, as the other routes do."""
     router = APIRouter(dependencies=dependencies)
     created = int(time.time())
+
+    @router.post("/v1/embeddings")
+    def embeddings(request: EmbeddingsRequest) -> dict[str, Any]:
+        if embedder is None:
+            raise HTTPException(400, "no embedder loaded")
+        texts = [request.input] if isinstance(request.input, str) else request.input
+        if any(not text.strip() for text in texts):
+            raise HTTPException(400, "input: every text must be non-empty")
+        if request.dimensions is not None and request.dimensions != embedder.dim:
+            raise HTTPException(400, f"dimensions: this embedder's vectors have {embedder.dim}, not {request.dimensions}")
+        vectors = embedder.encode(texts)
+        tokens = embedder.count_tokens(texts)
+        def encoded(vector: Any) -> list[float] | str:
+            if request.encoding_format == "base64":
+                return base64.b64encode(vector.astype("<f4").tobytes()).decode()
+            return vector.tolist()
+
+        return {"object": "list", "model": embedder.model_name, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                "data": [{"object": "embedding", "index": index, "embedding": encoded(vector)} for index, vector in enumerate(vectors)]}
 
     def served() -> TextModel:
         if chat_model is None:

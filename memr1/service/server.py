@@ -216,6 +216,6 @@ def create_app(memory: Memory, chat_model: TextModel | None = None, api_key: str
     def answer(body: AnswerRequest) -> dict[str, Any]:
         return call(memory.answer, body.question, user_id=body.user_id, agent_id=body.agent_id, run_id=body.run_id)
 
-    app.include_router(openai_router(chat_model, auth, call))
+    app.include_router(openai_router(chat_model, auth, call, memory.embedder))
 
     return app
