@@ -10,8 +10,8 @@ at all: the run has finished); a kill at a named point lands at the same place o
 
 `POINT:HIT[:ACTION]`: the HIT-th time this process reaches POINT (counted from 1), it writes a line on
 stderr saying so, then sends itself the signal ACTION names (SIGKILL unless named), or with `WAIT`
-blocks until any signal's handler has run (the test sends a real one when it reads the line), then
-carries on. The points, in the order a step meets them:
+blocks until a stop is requested (`memr1.interrupt`: the test sends a real SIGTERM or SIGINT when it
+reads the line; a signal that arrives before the wait begins counts too), then carries on. The points, in the order a step meets them:
 
 - `bank_write`: a conversation's bank written, its build progress not yet recorded
 - `train_step`: a training step begins (before its rollout)
@@ -27,7 +27,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
+
+from memr1 import interrupt
 
 FAULT_ENV = "MEMR1_FAULT"
 POINTS = ("bank_write", "train_step", "micro_batch", "validation_batch", "checkpoint_write")
@@ -72,6 +75,9 @@ def fault_point(point: str) -> None:
         return
     print(f"memr1 fault: {_ARMED.action} at {point} #{_hits}", file=sys.stderr, flush=True)
     if _ARMED.action == WAIT:
-        signal.pause()  # returns once a signal's handler has run
+        # Polled, not signal.pause(): a signal that lands between the line above and the wait would
+        # leave pause() waiting for another that never comes.
+        while interrupt.requested() is None:
+            time.sleep(0.01)
     else:
         os.kill(os.getpid(), signal.Signals[_ARMED.action])

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -15,10 +16,14 @@ from memr1.faults import FAULT_ENV, Fault, parse_fault
 pytestmark = pytest.mark.slow  # Python subprocesses (fast: they import no torch)
 
 PASSES = "from memr1.faults import fault_point\nfor n in range(1, 4):\n    fault_point('micro_batch'); print('passed', n, flush=True)\n"
+# A run's own handler: SIGTERM requests a stop (as ResumableRun's does), which a WAIT point waits for.
+STOP_HANDLER = "import os, signal\nfrom memr1 import interrupt\nsignal.signal(signal.SIGTERM, lambda s, f: interrupt.request_stop(s))\n"
+SIGNAL_FIRST = "os.kill(os.getpid(), signal.SIGTERM)\n"
 
 
-def passing(fault: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", PASSES], env={**os.environ, FAULT_ENV: fault},
+def passing(fault: str, stop_handler: bool = False, signal_first: bool = False) -> subprocess.Popen:
+    code = (STOP_HANDLER if stop_handler else "") + (SIGNAL_FIRST if signal_first else "") + PASSES
+    return subprocess.Popen([sys.executable, "-c", code], env={**os.environ, FAULT_ENV: fault},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -41,11 +46,21 @@ def test_the_armed_hit_signals_the_process_there():
     assert other.communicate(timeout=60)[0].count("passed") == 3 and other.returncode == 0
 
 
-def test_wait_holds_the_process_until_a_signal_arrives():
-    process = passing("micro_batch:2:WAIT")
+def test_wait_holds_the_process_until_a_stop_is_requested():
+    # As a training run: its SIGTERM handler requests a stop (memr1.interrupt), which ends the wait.
+    process = passing("micro_batch:2:WAIT", stop_handler=True)
     assert process.stdout.readline() == "passed 1\n"
     assert "memr1 fault: WAIT at micro_batch #2" in process.stderr.readline()
-    assert process.poll() is None  # still waiting: nothing but a signal moves it on
-    process.send_signal(signal.SIGTERM)  # Python's default SIGTERM ends it
-    process.communicate(timeout=60)
-    assert process.returncode == -signal.SIGTERM
+    time.sleep(0.5)
+    assert process.poll() is None  # still waiting: nothing but a stop moves it on
+    process.send_signal(signal.SIGTERM)
+    out, _ = process.communicate(timeout=60)
+    assert (out, process.returncode) == ("passed 2\npassed 3\n", 0)
+
+
+def test_a_stop_that_comes_before_the_wait_begins_is_not_lost():
+    # The signal lands before the point is reached (the race a test sending it on the WAIT line can
+    # lose by a hair): the wait sees the stop already requested and does not block.
+    process = passing("micro_batch:2:WAIT", stop_handler=True, signal_first=True)
+    out, err = process.communicate(timeout=60)
+    assert (out, process.returncode) == ("passed 1\npassed 2\npassed 3\n", 0) and "WAIT at micro_batch #2" in err
