@@ -165,11 +165,12 @@ def test_sigkill_anywhere_then_resume_ends_where_the_unbroken_run_ends(backbone,
 
 def test_a_ppo_run_killed_mid_update_resumes_to_the_unbroken_one(backbone, judge, tmp_path):
     # PPO's resume carries more: the critic, its optimiser, GAE's advantages from its values.
-    # 4 states of one sample each, in micro-batches of 2: micro-batch 5 is step 3's first.
+    # 4 states of one sample each, in micro-batches of 2: micro-batch 5 is step 3's first (a checkpoint
+    # write is the GRPO test's; what differs here is the critic, killed with the actor mid-update).
     four = "data_loader.states_per_step=4"
     expected = unbroken_run(backbone, tmp_path / "unbroken", judge, "ppo", four)
     run_dir, banks, log = tmp_path / "run", tmp_path / "banks", tmp_path / "log.txt"
-    for fault in ("micro_batch:5", "checkpoint_write:2"):
+    for fault in ("micro_batch:5",):
         status = run(resume_command(backbone, run_dir, banks, judge, "ppo", four), log, fault=fault)
         assert status == -signal.SIGKILL, f"{fault}: the run was meant to be killed there; it exited {status}"
     assert run(resume_command(backbone, run_dir, banks, judge, "ppo", four), log) == 0, log.read_text()[-3000:]
@@ -194,6 +195,8 @@ def test_a_stop_signal_checkpoints_exits_and_resumes(backbone, unbroken, judge, 
     assert f"resume with: python train.py run_dir={run_dir} ckpt_path=last" in output
     (interrupted,) = (run_dir / "checkpoints").glob("interrupted-step=*.ckpt")
     assert latest_checkpoint(run_dir / "checkpoints") == interrupted
+    if signum == signal.SIGINT:
+        return  # the resume after a stop is the same whichever signal stopped it: checked once, for SIGTERM
     run_id = (run_dir / "wandb_run_id.txt").read_text().strip()
 
     assert run(train_command(backbone, run_dir, banks, "logging.wandb=true", "ckpt_path=last", judge=judge), log) == 0, log.read_text()[-3000:]

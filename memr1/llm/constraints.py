@@ -12,6 +12,7 @@ schemas compiled in milliseconds, and HF tokenizers read offline.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -71,21 +72,24 @@ class JSONGrammars:
     def _factory(self, key: str, compile_grammar: Callable[[], Any]) -> ConstraintFactory:
         if key not in self._compiled:
             self._compiled[key] = compile_grammar()
-        compiled, xgrammar, vocab_size = self._compiled[key], self._xgrammar, self.vocab_size
+        return functools.partial(XGrammarConstraint, self._xgrammar, self._compiled[key], self.vocab_size)
 
-        class XGrammarConstraint:
-            def __init__(self) -> None:
-                self._matcher = xgrammar.GrammarMatcher(compiled)
-                self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
 
-            def mask(self, logits: torch.Tensor) -> None:
-                self._matcher.fill_next_token_bitmask(self._bitmask)
-                # The model's head may be wider than the tokenizer (padding rows): those never come next.
-                xgrammar.apply_token_bitmask_inplace(logits[None, :vocab_size], self._bitmask)
-                logits[vocab_size:] = float("-inf")
+class XGrammarConstraint:
+    """One reply's state in a compiled xgrammar grammar (a `TokenConstraint`)."""
 
-            def accept(self, token: int) -> None:
-                if not self._matcher.accept_token(token):
-                    raise ValueError(f"token {token} is not allowed by the grammar here")
+    def __init__(self, xgrammar: Any, compiled: Any, vocab_size: int) -> None:
+        self._xgrammar = xgrammar
+        self._matcher = xgrammar.GrammarMatcher(compiled)
+        self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
+        self._vocab_size = vocab_size
 
-        return XGrammarConstraint
+    def mask(self, logits: torch.Tensor) -> None:
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        # The model's head may be wider than the tokenizer (padding rows): those never come next.
+        self._xgrammar.apply_token_bitmask_inplace(logits[None, : self._vocab_size], self._bitmask)
+        logits[self._vocab_size :] = float("-inf")
+
+    def accept(self, token: int) -> None:
+        if not self._matcher.accept_token(token):
+            raise ValueError(f"token {token} is not allowed by the grammar here")
