@@ -107,6 +107,7 @@ def run_memr1(args: argparse.Namespace, dumped: dict[str, Any]) -> dict[str, Any
     from torch.utils.data import DataLoader
 
     from memr1.envs.base import Reward
+    from memr1.modules.outputs import StepOutput
     from memr1.factories import build_module
     from memr1.training import trainer_kwargs
 
@@ -148,16 +149,16 @@ def run_memr1(args: argparse.Namespace, dumped: dict[str, Any]) -> dict[str, Any
         def on_train_batch_start(self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
             self.started, self.cpu = time.perf_counter(), cpu_seconds()
 
-        def on_train_batch_end(self, trainer: Trainer, pl_module: Any, *rest: Any) -> None:
-            metrics = pl_module.step_metrics
-            batch, _ = pl_module.last_rollout
+        def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, *rest: Any) -> None:
+            step = StepOutput.of(outputs)
+            metrics, batch = step.metrics, step.rollout
             steps.append({
                 "seconds": time.perf_counter() - self.started, "cpu_seconds": cpu_seconds() - self.cpu,
                 "reward": metrics["reward/mean"],
                 "generated_tokens": float(batch.response_mask.sum()),
                 "prompt_tokens": float(sum(row["prompt_tokens"] for row in rows_of(trainer.global_step - 1)) * args.group_size),
                 # where memr1's step went: rollout, reward, update (the reference's scoring included)
-                **{key.removeprefix("time/"): value for key, value in pl_module.step_metrics.items()
+                **{key.removeprefix("time/"): value for key, value in metrics.items()
                    if key.startswith("time/") and key.endswith("_s")},
             })
 

@@ -56,6 +56,7 @@ def main() -> None:
     from data_modules.rl_states import RLStatesDataModule
     from memr1.quiet import quiet_third_party
     from memr1.factories import build_module
+    from memr1.modules.outputs import StepOutput
 
     quiet_third_party()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -72,8 +73,8 @@ def main() -> None:
     started = time.perf_counter()
 
     class Report(Callback):
-        def on_train_batch_end(self, trainer, pl_module, *rest) -> None:
-            metrics = pl_module.step_metrics
+        def on_train_batch_end(self, trainer, pl_module, outputs, *rest) -> None:
+            metrics = StepOutput.of(outputs).metrics
             rows.append({key: metrics[key] for key in ("reward/mean", "response/length_mean", "reward/zero_std_group_frac", "time/rollout_s", "time/update_s")}
                         | {key: value for key, value in metrics.items() if key.startswith(("actor/clip_frac", "actor/approx_kl"))})
             print(f"step {trainer.global_step:2d} | sampled reward {metrics['reward/mean']:.3f} | zero-spread {metrics['reward/zero_std_group_frac']:.2f} "
