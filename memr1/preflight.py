@@ -84,7 +84,7 @@ def check_devices(trainer: DictConfig, states_per_step: int) -> None:
             f"{states_per_step}: every process trains on a share of each step's states. Raise "
             f"data_loader.states_per_step to at least {devices * nodes} or lower trainer.devices."
         )
-    wants_gpu = trainer.kind in ("gpu", "fsdp")
+    wants_gpu = trainer.kind == "gpu" or (trainer.kind == "fsdp" and trainer.get("accelerator", "gpu") == "gpu")
     if wants_gpu or (trainer.kind == "auto" and devices > 1):
         import torch  # the one check that needs it, and only where GPUs are asked for or may be used
 
@@ -99,7 +99,7 @@ def check_devices(trainer: DictConfig, states_per_step: int) -> None:
     cores = os.cpu_count() or 1
     if devices > cores:
         raise ConfigError(
-            f"trainer.devices={devices}: on CPU each device is a DDP process and this machine has {cores} "
+            f"trainer.devices={devices}: on CPU each device is a process and this machine has {cores} "
             f"core(s); use trainer.devices<={cores} (or trainer=gpu on a GPU machine)"
         )
 

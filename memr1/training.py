@@ -37,50 +37,40 @@ from memr1.modules.base import RLModule
 log = logging.getLogger(__name__)
 
 
-def trainer_kwargs(trainer_cfg: DictConfig, model: torch.nn.Module | None = None) -> dict[str, Any]:
-    """Accelerator, devices, strategy and precision for `trainer.kind` on this machine; FSDP shards
-    `model`'s decoder layers (`wrap_classes`)."""
+def trainer_kwargs(trainer_cfg: DictConfig) -> dict[str, Any]:
+    """Accelerator, devices, strategy and precision for `trainer.kind` on this machine. `fsdp` is
+    FSDP2 through Lightning's `ModelParallelStrategy` (the module shards its models in
+    `configure_model`), on GPUs or, with `trainer.accelerator=cpu`, on CPU processes (gloo)."""
     kind, devices = trainer_cfg.kind, trainer_cfg.devices
     has_gpu = torch.cuda.is_available()
     if kind == "auto":
         kind = "fsdp" if has_gpu and devices > 1 else ("gpu" if has_gpu else "cpu")
-    if kind in ("gpu", "fsdp") and not has_gpu:
+    accelerator = trainer_cfg.accelerator if kind == "fsdp" and "accelerator" in trainer_cfg else ("cpu" if kind == "cpu" else "gpu")
+    if accelerator not in ("cpu", "gpu"):
+        raise ValueError(f"trainer.accelerator: {accelerator!r}; expected cpu or gpu")
+    if accelerator == "gpu" and not has_gpu:
+        hint = " or trainer.accelerator=cpu (FSDP2 over CPU processes)" if kind == "fsdp" else ""
         raise ValueError(
             f"trainer={trainer_cfg.kind}: no CUDA GPU on this machine. On CPU use trainer=cpu "
-            f"(trainer.devices={devices} runs {devices} DDP processes on the CPU) or trainer=auto."
+            f"(trainer.devices={devices} runs {devices} DDP processes on the CPU){hint} or trainer=auto."
         )
-    precision = trainer_cfg.precision or ("bf16-true" if kind in ("gpu", "fsdp") else "32-true")
-    if kind == "cpu":
-        strategy: Any = "ddp_find_unused_parameters_true" if devices > 1 else "auto"
-        return {"accelerator": "cpu", "devices": devices, "strategy": strategy, "precision": precision, "num_nodes": trainer_cfg.num_nodes}
-    if kind == "gpu":
-        strategy = "ddp" if devices > 1 else "auto"
-    elif kind == "fsdp":
-        from lightning.pytorch.strategies import FSDPStrategy
+    precision = trainer_cfg.precision or ("bf16-true" if accelerator == "gpu" else "32-true")
+    strategy: Any
+    if kind == "fsdp":
+        from lightning.pytorch.strategies import ModelParallelStrategy
 
-        # Shard each decoder layer: the unit that keeps all-gathers large and memory peaks small.
-        if model is None:
-            raise ValueError("trainer_kwargs: trainer=fsdp needs the model whose layers it shards")
-        strategy = FSDPStrategy(auto_wrap_policy=wrap_classes(model), sharding_strategy="FULL_SHARD")
+        # Data parallel over every process; no tensor parallelism. The checkpoint is gathered into one
+        # file on rank 0 (what resume, evaluate.py and the atomic checkpoint IO read), not a shard per rank.
+        strategy = ModelParallelStrategy(
+            data_parallel_size=devices * trainer_cfg.num_nodes, tensor_parallel_size=1, save_distributed_checkpoint=False
+        )
+    elif kind == "cpu":
+        strategy = "ddp_find_unused_parameters_true" if devices > 1 else "auto"
+    elif kind == "gpu":
+        strategy = "ddp" if devices > 1 else "auto"
     else:
         raise ValueError(f"trainer.kind: unknown kind {trainer_cfg.kind!r}; expected auto, cpu, gpu or fsdp")
-    return {"accelerator": "gpu", "devices": devices, "strategy": strategy, "precision": precision, "num_nodes": trainer_cfg.num_nodes}
-
-
-def wrap_classes(model: torch.nn.Module) -> set[type[torch.nn.Module]]:
-    """The classes FSDP shards one by one: the model's own `_no_split_modules` (its decoder layer),
-    as Hugging Face's accelerate integration reads them, found among the model's modules."""
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    if not names:
-        inner = getattr(model, "get_base_model", lambda: model)()
-        names = set(getattr(inner, "_no_split_modules", None) or ())
-    classes = {type(module) for module in model.modules() if type(module).__name__ in names}
-    if not classes:
-        raise ValueError(
-            f"trainer=fsdp: {type(model).__name__} names no decoder layer class in _no_split_modules "
-            f"({sorted(names)}); FSDP needs one to shard by"
-        )
-    return classes
+    return {"accelerator": accelerator, "devices": devices, "strategy": strategy, "precision": precision, "num_nodes": trainer_cfg.num_nodes}
 
 
 def wandb_run_id(run_dir: Path) -> str:
@@ -134,11 +124,11 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[Callback]:
     return callbacks
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path, policy: torch.nn.Module | None = None) -> Trainer:
+def build_trainer(cfg: DictConfig, run_dir: Path) -> Trainer:
     loader = cfg.data_loader
     loggers = build_loggers(cfg, run_dir)
     return Trainer(
-        **trainer_kwargs(cfg.trainer, policy),
+        **trainer_kwargs(cfg.trainer),
         max_steps=loader.max_steps,
         val_check_interval=loader.val_check_interval,
         check_val_every_n_epoch=None,
@@ -183,7 +173,7 @@ def run_training(cfg: DictConfig, run_dir: Path, data: LightningDataModule) -> R
     if ckpt_path:
         log.info("resuming from %s", ckpt_path)
     module = build_module(cfg)
-    trainer = build_trainer(cfg, run_dir, module.policy)
+    trainer = build_trainer(cfg, run_dir)
     try:
         fit(trainer, module, data, ckpt_path=ckpt_path, val_before_train=cfg.data_loader.val_before_train)
     except BankLockedError as error:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 from lightning.pytorch import Trainer
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
 
 from memr1.envs.base import Reward
@@ -41,8 +42,12 @@ def fixed_rows(tokenizer) -> list[tuple[list[int], list[int]]]:
     return rows
 
 
-def policy(tokenizer) -> nn.Module:
-    model = apply_lora(tiny_causal_lm(tokenizer, seed=3, num_layers=2, init_std=0.02), 4, 8, 0.0, ["q_proj", "v_proj"])
+def policy(tokenizer, lora: bool = True) -> nn.Module:
+    """LoRA on q and v (non-zero adapters), or the whole tiny model trained (`lora=False`)."""
+    model = tiny_causal_lm(tokenizer, seed=3, num_layers=2, init_std=0.02)
+    if not lora:
+        return model
+    model = apply_lora(model, 4, 8, 0.0, ["q_proj", "v_proj"])
     generator = torch.Generator().manual_seed(7)
     with torch.no_grad():  # every adapter drawn here (peft draws lora_A from the global RNG), lora_B non-zero
         for name, param in model.named_parameters():
@@ -67,8 +72,20 @@ class GradientProbe:
 
     def _step(self, optimizer, module: nn.Module) -> float:
         role = "critic" if module is self.critic else "actor"
-        self.grads.update({f"{role}/{n}": p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None})
+        self.grads.update({f"{role}/{n}": full(p.grad) for n, p in module.named_parameters() if p.grad is not None})
         return super()._step(optimizer, module)
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of `tensor`, all-gathered when FSDP2 shards it (a DTensor; every rank must call it)."""
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().clone()
+
+
+def trainable_parameters(module: RLModule) -> dict[str, torch.Tensor]:
+    """The trainable parameters of the policy (and critic), gathered when sharded."""
+    models = {"actor": module.policy, "critic": module.critic}
+    return {f"{role}/{n}": full(p) for role, model in models.items() if model is not None
+            for n, p in model.named_parameters() if p.requires_grad}
 
 
 class FixedRollout(GradientProbe, RLModule):
@@ -97,12 +114,16 @@ class FixedTargets(GradientProbe, SupervisedStep):
         return pack_rollouts(prompts, responses, [0.0] * len(states), self.tokenizer.pad_token_id).to(self.device), 0
 
 
-def build(tokenizer, algo_name: str, micro: int, share: bool = True, loss_agg_mode: str = "token-mean") -> RLModule:
+def build(
+    tokenizer, algo_name: str, micro: int, share: bool = True, loss_agg_mode: str = "token-mean", lora: bool = True
+) -> RLModule:
+    """`lora=False` (SFT only: the RL algorithms' KL needs the adapters-disabled reference) trains the
+    whole model."""
     rows = fixed_rows(tokenizer)
     common = dict(max_new_tokens=8, seed=1)
     if algo_name == "sft":
         algo = AlgoConfig(name="sft", actor_lr=1e-3, micro_batch_size=micro, loss_agg_mode=loss_agg_mode)
-        return FixedTargets(policy(tokenizer), tokenizer, None, algo, rows=rows, **common)
+        return FixedTargets(policy(tokenizer, lora), tokenizer, None, algo, rows=rows, **common)
     algo = AlgoConfig(
         name=algo_name, group_size=GROUP, actor_lr=1e-3, critic_lr=1e-3, kl_coef=0.05, entropy_coef=0.01,
         micro_batch_size=micro, share_prompt=share, loss_agg_mode=loss_agg_mode,
@@ -119,11 +140,11 @@ def build(tokenizer, algo_name: str, micro: int, share: bool = True, loss_agg_mo
                         old_logprobs=on_policy_logprobs(tokenizer, rows), **common)
 
 
-def step(module: RLModule, states: Sequence[int], **trainer_options) -> dict[str, torch.Tensor]:
-    """One training step on `states` (row indices); the gradients it stepped with."""
+def step(module: RLModule, states: Sequence[int], steps: int = 1, **trainer_options) -> dict[str, torch.Tensor]:
+    """`steps` training steps, each on `states` (row indices); the gradients the last stepped with."""
     trainer = Trainer(
-        accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, use_distributed_sampler=False, **trainer_options,
     )
-    trainer.fit(module, train_dataloaders=DataLoader([list(states)], batch_size=None))
+    trainer.fit(module, train_dataloaders=DataLoader([list(states)] * steps, batch_size=None))
     return module.grads

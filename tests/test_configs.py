@@ -44,9 +44,12 @@ def test_trainer_kinds_on_a_cpu_machine():
     assert (auto["accelerator"], auto["devices"], auto["strategy"], auto["precision"]) == (
         "cpu", 4, "ddp_find_unused_parameters_true", "32-true",
     )
-    fsdp = OmegaConf.create({"kind": "fsdp", "devices": 4, "num_nodes": 1, "precision": "bf16-true"})
-    with pytest.raises(ValueError, match="trainer=fsdp: no CUDA GPU.*trainer=cpu"):
+    fsdp = compose_config("train", ["trainer=fsdp"]).trainer
+    with pytest.raises(ValueError, match="trainer=fsdp: no CUDA GPU.*trainer=cpu.*trainer.accelerator=cpu"):
         trainer_kwargs(fsdp)
+    on_cpu = trainer_kwargs(compose_config("train", ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2"]).trainer)
+    assert (on_cpu["accelerator"], on_cpu["devices"], on_cpu["precision"]) == ("cpu", 2, "32-true")
+    assert type(on_cpu["strategy"]).__name__ == "ModelParallelStrategy"  # FSDP2, the module shards in configure_model
 
 
 @pytest.mark.parametrize("ablation", sorted(p.stem for p in (CONF / "ablation").glob("*.yaml")))

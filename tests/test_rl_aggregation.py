@@ -1,5 +1,5 @@
 """One optimiser step's gradient does not depend on how the rows are split: micro-batch sizes 1, 2 and
-G, a group's prompt shared or not, one process or two (DDP, gloo), for GRPO, PPO and SFT, with responses
+G, a group's prompt shared or not, one process or two (DDP or FSDP2, gloo), for GRPO, PPO and SFT, with responses
 of different lengths (tests/fixed_update.py: a fixed rollout through the real module and Trainer)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fixed_update import GROUP, RESPONSE_LENGTHS, build, step
+from fixed_update import GROUP, RESPONSE_LENGTHS, build, step, trainable_parameters
 from memr1.llm.loading import load_tokenizer
 from memr1.rl import core
 
@@ -24,11 +24,11 @@ def tokenizer():
     return load_tokenizer("embedded:smollm2-135m-instruct")
 
 
-def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], label: str) -> None:
+def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], label: str, atol: float = 1e-6) -> None:
     assert got.keys() == want.keys(), label
     for name in want:
         difference = (got[name] - want[name]).abs().max().item()
-        assert difference <= 1e-6, f"{label}: {name} differs by {difference:.2e} (|g| max {want[name].abs().max():.2e})"
+        assert difference <= atol, f"{label}: {name} differs by {difference:.2e} (|g| max {want[name].abs().max():.2e})"
 
 
 @pytest.mark.parametrize("algo_name", ["grpo", "ppo"])
@@ -65,17 +65,27 @@ def test_weighting_micro_batches_by_rows_would_have_changed_the_loss_with_the_sp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo_name", ["grpo"])  # SFT divides by the same all-reduced denominator (self.denominator)
-def test_a_two_process_ddp_step_equals_the_single_process_step(tmp_path, algo_name):
-    """Two gloo processes, each with one of the two groups, step as one process with both."""
-    grads = {}
-    for devices in (1, 2):
-        out = tmp_path / f"grads{devices}.pt"
-        result = subprocess.run(
-            [sys.executable, str(ROOT / "tests" / "scripts" / "ddp_update.py"), algo_name, str(devices), str(out)],
-            cwd=ROOT, capture_output=True, text=True, timeout=300,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        grads[devices] = torch.load(out)
-    assert grads[1] and max(g.abs().max() for g in grads[1].values()) > 1e-3
-    assert_same(grads[2], grads[1], f"{algo_name}: 2 processes against 1")
+@pytest.mark.parametrize(
+    "strategy, algo_name, lora",
+    [("ddp", "grpo", True), ("fsdp", "grpo", True), ("fsdp", "ppo", True), ("fsdp", "sft", False)],
+    ids=["ddp-grpo-lora", "fsdp-grpo-lora", "fsdp-ppo-lora", "fsdp-sft-full"],
+)
+def test_two_processes_train_as_one_process(tmp_path, tokenizer, strategy, algo_name, lora):
+    """Two gloo processes, each with one of the two groups, under the strategy train.py builds for
+    trainer=cpu (DDP) or trainer=fsdp trainer.accelerator=cpu (FSDP2, every model sharded per decoder
+    layer): three steps give the single process's gradients and parameters (PPO's advantages are
+    whitened over both ranks' rows, the loss divided by both ranks' tokens)."""
+    module = build(tokenizer, algo_name, micro=2, lora=lora)
+    want = {"grads": step(module, ALL_ROWS, steps=3), "params": trainable_parameters(module)}
+    out = tmp_path / "two.pt"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "scripts" / "distributed_update.py"), algo_name, "2", strategy, "3", str(out),
+         *([] if lora else ["full"])],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = torch.load(out)
+    assert got["sharded"] == (strategy == "fsdp")
+    assert max(g.abs().max() for g in want["grads"].values()) > 1e-3
+    assert_same(got["grads"], want["grads"], f"{strategy} {algo_name}: gradients of step 3, 2 processes against 1")
+    assert_same(got["params"], want["params"], f"{strategy} {algo_name}: parameters after 3 steps", atol=1e-5)

@@ -22,6 +22,7 @@ from memr1.rl.core import (
     leave_one_out_advantages,
     logprobs_from_logits,
     masked_mean,
+    masked_moments,
     masked_sum,
     masked_var,
     masked_whiten,
@@ -29,6 +30,7 @@ from memr1.rl.core import (
     overlong_penalty,
     policy_loss,
     value_loss,
+    whiten_with_moments,
 )
 
 INV_SQRT2 = 1 / math.sqrt(2)
@@ -396,3 +398,16 @@ def test_explained_variance_by_hand():
     # residuals [-2, 0, 2]: var 4 against var(returns) 1 -> 1 - 4 = -3
     close(explained_variance(torch.tensor([[3.0, 2.0, 1.0, 0.0]]), returns, mask), -3.0)
     assert explained_variance(torch.zeros(1, 3), torch.ones(1, 3), torch.ones(1, 3)).isnan()
+
+
+def test_whitening_with_moments_summed_over_ranks_is_the_whole_batchs():
+    """Two ranks' moments added give the whole batch's whitening (PPO over DDP/FSDP ranks); by hand:
+    the masked values 1, 2, 3, 6 have mean 3 and unbiased variance (4 + 1 + 0 + 9) / 3 = 14 / 3."""
+    values = torch.tensor([[1.0, 2.0, 9.0], [3.0, 6.0, -5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    moments = masked_moments(values[:1], mask[:1]) + masked_moments(values[1:], mask[1:])
+    assert moments.tolist() == [4.0, 12.0, 50.0]
+    whitened = whiten_with_moments(values, moments, eps=0.0)
+    expected = (torch.tensor([1.0, 2.0, 3.0, 6.0]) - 3.0) / (14.0 / 3.0) ** 0.5
+    assert torch.allclose(whitened[mask.bool()], expected, atol=1e-6)
+    assert torch.allclose(whitened * mask, masked_whiten(values, mask, eps=0.0) * mask, atol=1e-6)

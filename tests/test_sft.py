@@ -19,7 +19,7 @@ from memr1.envs.manager import ManagerState
 from memr1.llm.engines import encode_prompts
 from memr1.llm.loading import WARM_START_FILE, checkpoint_chain, load_policy, load_tokenizer
 from memr1.llm.openai_client import EndpointError
-from memr1.llm.sharding import submodule_state
+from memr1.llm.sharding import full_state_dict
 from memr1.llm.testing import save_lora_export, save_tiny_checkpoint
 from memr1.modules.sft import AnswerSFTModule
 from memr1.rl import core
@@ -232,9 +232,9 @@ def test_a_warm_started_lora_export_names_its_warm_start_and_loads_through_it(ba
                 param.add_(0.3)
     trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False)
     exported = ExportPolicy(tmp_path / "rl" / "policy", init=str(init)).export(trainer, module, "last")
-    # Under FSDP the export writes the strategy's gathered module state, cut to the policy's keys: done
-    # here with the (unsharded) module state, it writes the same adapter as the policy's own save.
-    module.policy.save_pretrained(tmp_path / "gathered", state_dict=submodule_state(module.state_dict(), "policy."))
+    # Under FSDP the export writes the policy's gathered state dict: done here with the (unsharded)
+    # policy, it writes the same adapter as the policy's own save.
+    module.policy.save_pretrained(tmp_path / "gathered", state_dict=full_state_dict(module.policy))
     assert (tmp_path / "gathered" / "adapter_model.safetensors").read_bytes() == (exported / "adapter_model.safetensors").read_bytes()
     assert json.loads((exported / WARM_START_FILE).read_text()) == {"init": str(init.resolve())}
     assert checkpoint_chain(exported) == [init.resolve(), exported]

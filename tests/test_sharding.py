@@ -1,9 +1,10 @@
-"""The FSDP-aware paths, on CPU: the gradient norm over shards held by two real processes (gloo), the
-names and state dicts an export or a vLLM push sees, FSDP's wrap classes read from the model, and the
-merged checkpoint that vLLM serves for a LoRA export."""
+"""FSDP2 on CPU, two real processes (gloo): a sharded LoRA model's gradient norm, clipping, gathered
+state dict and greedy decoding (ranks in lockstep) equal one process's; the wrap classes read from the
+model; the merged checkpoint that vLLM serves for a LoRA export."""
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 
@@ -12,73 +13,98 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from memr1.llm.loading import load_policy, merged_checkpoint
+from torch.distributed.device_mesh import init_device_mesh
+
+from memr1.llm.engines import HFEngine
+from memr1.llm.loading import load_policy, load_tokenizer, merged_checkpoint
 from memr1.llm.lora import apply_lora
-from memr1.llm.sharding import clip_grad_norm, model_name, submodule_state
+from memr1.llm.sampling import SamplingConfig
+from memr1.llm.sharding import clip_grad_norm, full_state_dict, is_sharded, shard, wrap_classes
 from memr1.llm.testing import tiny_causal_lm
-from memr1.training import wrap_classes
+from memr1.llm.value import ValueModel
 from tests.processes import free_port
 
-# The full gradient [3, 4, 12] has norm 13; rank 0 holds [3, 4], rank 1 holds [12].
-SHARDS = {0: [3.0, 4.0], 1: [12.0]}
+PROMPTS = {0: ["a short one", "two"], 1: ["a much longer prompt that this rank decodes for longer than the other rank"]}
 
 
-def _clip_on_rank(rank: int, port: int, results: dict) -> None:
+def _sharded_on_rank(rank: int, port: int, results: dict) -> None:
+    """Rank `rank` of 2: a LoRA tiny Llama and its unsharded twin; the twin's numbers are one
+    process's, the sharded model's come from both ranks' shards."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        param = torch.nn.Parameter(torch.zeros(len(SHARDS[rank])))
-        param.grad = torch.tensor(SHARDS[rank])
-        norm = clip_grad_norm([param], max_norm=6.5, sharded=True)
-        results[rank] = (float(norm), param.grad.tolist())
+        torch.manual_seed(0)
+        tokenizer = load_tokenizer("embedded:smollm2-135m-instruct")
+        twin = apply_lora(tiny_causal_lm(tokenizer, seed=1), 4, 8, 0.0, ["q_proj", "v_proj"])
+        model = copy.deepcopy(twin)
+        shard(model, init_device_mesh("cpu", (2,)))
+        ids = torch.tensor([[3, 8, 1, 4, 9, 2]])
+        for m in (model, twin):
+            m(ids, labels=ids).loss.backward()
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        norm = clip_grad_norm(trainable, max_norm=1e-3)
+        want = torch.nn.utils.clip_grad_norm_([p for p in twin.parameters() if p.requires_grad], max_norm=1e-3)
+        clipped = {n: p.grad.full_tensor() for n, p in model.named_parameters() if p.grad is not None}
+        state = full_state_dict(model)
+        # Greedy decoding with each rank's own prompts. Rank 0's rows end at their first token (made an
+        # end token), rank 1's run to 12: rank 0 keeps stepping (idle) until rank 1 is done.
+        sampling = SamplingConfig.greedy_up_to(12)
+        first = HFEngine(twin, tokenizer).generate(PROMPTS[rank], SamplingConfig.greedy_up_to(1))
+        eos = {g[0].response_ids[0] for g in first} if rank == 0 else set()
+        engine = HFEngine(model, tokenizer, batch_size=4, eos_token_ids=eos)
+        engine.lockstep = True
+        generations = [g[0] for g in engine.generate(PROMPTS[rank], sampling)]
+        alone = [g[0] for g in HFEngine(twin, tokenizer, batch_size=4, eos_token_ids=eos).generate(PROMPTS[rank], sampling)]
+        results[rank] = {
+            "sharded": is_sharded(model) and not is_sharded(twin),
+            "norm": (float(norm), float(want)),
+            "grads": max((clipped[n] - p.grad).abs().max().item() for n, p in twin.named_parameters() if p.grad is not None),
+            "state": state.keys() == twin.state_dict().keys()
+            and max((state[k] - v).abs().max().item() for k, v in twin.state_dict().items()),
+            "responses": ([g.response_ids for g in generations], [g.response_ids for g in alone]),
+        }
     finally:
         dist.destroy_process_group()
 
 
-def test_the_norm_of_a_sharded_gradient_is_over_every_ranks_shard():
+def test_fsdp2_shards_clips_gathers_and_decodes_as_one_process():
     results = mp.Manager().dict()
     # Forked, not spawned: the workers need nothing re-imported (a spawn re-imports torch and this module).
-    mp.start_processes(_clip_on_rank, args=(free_port(), results), nprocs=2, join=True, start_method="fork")
-    # Each rank alone would see norm 5 or 12; the total is sqrt(9 + 16 + 144) = 13, and 6.5 / 13 halves it.
+    mp.start_processes(_sharded_on_rank, args=(free_port(), results), nprocs=2, join=True, start_method="fork")
     for rank in (0, 1):
-        norm, grad = results[rank]
-        assert norm == pytest.approx(13.0, rel=1e-5)
-        assert grad == pytest.approx([g * 6.5 / (13.0 + 1e-6) for g in SHARDS[rank]], rel=1e-5)
+        got = results[rank]
+        assert got["sharded"]
+        norm, want = got["norm"]
+        assert norm > 1e-3 and norm == pytest.approx(want, rel=1e-5)  # over both shards, as one process
+        assert got["grads"] < 1e-7  # clipped alike
+        assert got["state"] is not False and got["state"] < 1e-7  # the full tensors, under the model's own names
+        responses, alone = got["responses"]
+        assert responses == alone
+    assert [len(r) for r in results[0]["responses"][0]] == [1, 1]
+    assert [len(r) for r in results[1]["responses"][0]] == [12]
 
 
 def test_unsharded_clipping_is_torchs():
     param = torch.nn.Parameter(torch.zeros(3))
     param.grad = torch.tensor([3.0, 4.0, 12.0])
-    assert float(clip_grad_norm([param], max_norm=100.0, sharded=False)) == pytest.approx(13.0)
+    assert float(clip_grad_norm([param], max_norm=100.0)) == pytest.approx(13.0)
     assert param.grad.tolist() == pytest.approx([3.0, 4.0, 12.0])  # under the bound: unchanged
     param.grad = torch.tensor([float("nan"), 1.0, 1.0])
-    assert not math.isfinite(float(clip_grad_norm([param], max_norm=1.0, sharded=False)))
-
-
-def test_fsdp_wrapper_names_are_stripped_to_the_models_own():
-    assert model_name("_fsdp_wrapped_module.model.layers.0._fsdp_wrapped_module.self_attn.q_proj.weight") == (
-        "model.layers.0.self_attn.q_proj.weight"
-    )
-    gathered = {
-        "policy._fsdp_wrapped_module.lm_head.weight": torch.ones(1),
-        "policy.model.norm.weight": torch.zeros(1),
-        "critic.value_head.weight": torch.ones(2),
-    }
-    assert set(submodule_state(gathered, "policy.")) == {"lm_head.weight", "model.norm.weight"}
+    assert not math.isfinite(float(clip_grad_norm([param], max_norm=1.0)))
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from memr1.llm.loading import load_tokenizer
-
     return load_tokenizer("embedded:smollm2-135m-instruct")
 
 
 def test_fsdp_shards_the_decoder_layer_the_model_names(tokenizer):
+    """Through peft's wrapper and the value model's."""
     model = tiny_causal_lm(tokenizer)
     assert {cls.__name__ for cls in wrap_classes(model)} == {"LlamaDecoderLayer"}
     lora = apply_lora(model, 4, 8, 0.0, ["q_proj", "v_proj"])
     assert {cls.__name__ for cls in wrap_classes(lora)} == {"LlamaDecoderLayer"}  # through peft's wrapper
+    assert {cls.__name__ for cls in wrap_classes(ValueModel(tiny_causal_lm(tokenizer)))} == {"LlamaDecoderLayer"}
     with pytest.raises(ValueError, match="names no decoder layer class"):
         wrap_classes(torch.nn.Linear(2, 2))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from memr1.llm.loading import write_warm_start
-from memr1.llm.sharding import is_sharded, submodule_state
+from memr1.llm.sharding import full_state_dict, is_sharded
 
 log = logging.getLogger(__name__)
 
@@ -29,18 +29,13 @@ class ExportPolicy(Callback):
         self.best: float | None = None
 
     def export(self, trainer: Trainer, pl_module: LightningModule, name: str) -> Path:
-        """Every rank calls it: under FSDP the strategy gathers the sharded parameters (a collective),
-        then rank 0 writes them."""
+        """Every rank calls it: under FSDP the policy's parameters are gathered (a collective), then
+        rank 0 writes them, once."""
         target = self.dirpath / name
-        state = None
-        if is_sharded(pl_module.policy):
-            state = submodule_state(trainer.strategy.lightning_module_state_dict(), "policy.")
+        state = full_state_dict(pl_module.policy) if is_sharded(pl_module.policy) else None
         if not trainer.is_global_zero:
             return target
-        if state is None:
-            pl_module.policy.save_pretrained(target)
-        else:
-            pl_module.policy.save_pretrained(target, state_dict=state)
+        pl_module.policy.save_pretrained(target, state_dict=state)
         pl_module.tokenizer.save_pretrained(target)
         if self.init is not None and (target / "adapter_config.json").is_file():
             write_warm_start(target, self.init)

@@ -28,16 +28,24 @@ class MetricsCSV(Callback):
         self.path = Path(path)
         self.rows: list[dict[str, Any]] = []
         self._fields: list[str] = []
+        self._restored_rows: int | None = None  # the row count of the checkpoint a run resumes from
 
     def state_dict(self) -> dict[str, Any]:
         return {"rows": len(self.rows)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        kept = state_dict.get("rows", 0)
+        # Every rank restores callback state; only rank 0 writes the file (on_train_start: under FSDP
+        # Lightning restores callbacks after on_fit_start).
+        self._restored_rows = state_dict.get("rows", 0)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._restored_rows is None or not trainer.is_global_zero:
+            return
         on_disk = self._read()
-        if len(on_disk) < kept:
-            log.warning("%s has %d rows, the checkpoint expected %d", self.path, len(on_disk), kept)
-        self.rows = on_disk[:kept]
+        if len(on_disk) < self._restored_rows:
+            log.warning("%s has %d rows, the checkpoint expected %d", self.path, len(on_disk), self._restored_rows)
+        self.rows = on_disk[: self._restored_rows]
+        self._restored_rows = None
         self._rewrite()
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -24,12 +24,15 @@ class SampleLog(Callback):
         return {"lines": self.lines}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        # A resumed run redoes the steps after its checkpoint: cut the rows it will write again.
+        # A resumed run redoes the steps after its checkpoint: rank 0 cuts the rows it will write
+        # again when training starts (every rank restores this state).
         self.lines = state_dict.get("lines", 0)
-        if self.path.exists():
+        self._mode = "a"
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._mode == "a" and trainer.is_global_zero and self.path.exists():
             kept = self.path.read_text().splitlines(keepends=True)[: self.lines]
             self.path.write_text("".join(kept))
-        self._mode = "a"
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step

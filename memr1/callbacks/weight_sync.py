@@ -8,7 +8,7 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from memr1.llm.sharding import full_parameters, named_model_parameters
+from memr1.llm.sharding import full_state_dict
 
 
 class VLLMWeightSync(Callback):
@@ -26,11 +26,11 @@ class VLLMWeightSync(Callback):
         if not hasattr(engine, "load_weights"):
             return
         policy = pl_module.policy
-        # Under FSDP each rank holds a shard: gather the full parameters (every rank takes part).
-        with full_parameters(trainer.strategy.model or pl_module):
-            if hasattr(policy, "peft_config"):
-                adapter_dir = self.scratch_dir / f"step-{trainer.global_step}"
-                policy.save_pretrained(adapter_dir)
-                engine.load_lora(adapter_dir)
-            else:
-                engine.load_weights(named_model_parameters(policy))
+        # Under FSDP each rank holds a shard: gather the full tensors (every rank takes part).
+        state = full_state_dict(policy)
+        if hasattr(policy, "peft_config"):
+            adapter_dir = self.scratch_dir / f"step-{trainer.global_step}"
+            policy.save_pretrained(adapter_dir, state_dict=state)
+            engine.load_lora(adapter_dir)
+        else:
+            engine.load_weights(state.items())

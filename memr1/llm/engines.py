@@ -34,6 +34,7 @@ from memr1.interrupt import raise_if_requested
 from memr1.llm.padding import left_pad, position_ids_from_attention_mask
 from memr1.llm.precision import FP32, Precision
 from memr1.llm.sampling import SamplingConfig, choose_tokens, cut_at_first_stop
+from memr1.llm.sharding import all_ranks_done
 from memr1.llm.trunk import record_trunk
 
 ChatMessages = Sequence[Mapping[str, str]]
@@ -165,6 +166,9 @@ class HFEngine:
         )
         self._cache_keyword = cache_keyword(model)
         self._warned_dynamic_cache = False
+        # Set when the model is sharded (FSDP2): each forward is a collective, so every rank decodes
+        # until every rank's rows have ended (`memr1.llm.sharding.all_ranks_done`).
+        self.lockstep = False
 
     records_trunk = True  # its own decoding loop reads every layer's output as it goes
 
@@ -254,35 +258,22 @@ class HFEngine:
         # KV cache rows are dropped), so a short answer stops costing compute the step it ends.
         active = list(range(len(prompts)))
         constraints = [sampling.constraint() for _ in prompts] if sampling.constraint is not None else None
+        idle = False  # this rank's rows have all ended while another rank's decode (lockstep)
         for step in range(sampling.max_new_tokens):
             raise_if_requested()  # a stop signal ends a long rollout within one decoding step
-            logits = logits.float()
-            if constraints is not None:  # only what each row's grammar allows next (EOS once it is complete)
-                for position, row in enumerate(active):
-                    constraints[row].mask(logits[position])
-            chosen = choose_tokens(logits, sampling.temperature, sampling.top_p, generator)
-            # Log-probs of the distribution sampled from, softmax(logits / T), as the RL losses use
-            # them (greedy decoding records the T = 1 policy's).
-            tempered = logits / sampling.temperature if sampling.temperature > 0 else logits
-            chosen_logprobs = tempered.log_softmax(dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
-            keep: list[int] = []
-            for position, (row, token, logprob) in enumerate(
-                zip(active, chosen.tolist(), chosen_logprobs.tolist(), strict=True)
-            ):
-                responses[row].append(token)
-                logprobs[row].append(logprob)
-                if token in self.eos_token_ids or self._hit_stop(responses[row], sampling.stop):
-                    continue
-                if constraints is not None:
-                    constraints[row].accept(token)
-                keep.append(position)
-            if not keep or step == sampling.max_new_tokens - 1:
+            if not idle:
+                keep = self._choose(logits, active, responses, logprobs, constraints, sampling, generator)
+            done = idle or not keep or step == sampling.max_new_tokens - 1
+            if all_ranks_done(done, device) if self.lockstep else done:
                 break
-            if len(keep) < len(active):
+            if done:  # the same forward as the other ranks, on this rank's last rows, its output unused
+                idle = True
+            elif len(keep) < len(active):
                 kept = torch.tensor(keep, device=device)
                 cache.reorder_cache(kept)
-                chosen, attention_mask, position_ids = chosen[kept], attention_mask[kept], position_ids[kept]
+                attention_mask, position_ids = attention_mask[kept], position_ids[kept]
                 active = [active[position] for position in keep]
+            chosen = torch.tensor([responses[row][-1] for row in active], device=device)
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(active), 1))], dim=-1)
             position_ids = position_ids[:, -1:] + 1
             logits = self.model(
@@ -294,7 +285,7 @@ class HFEngine:
             ).logits[:, -1, :]
             if trunk is not None:
                 fed = recorded.pop()
-                for position, row in enumerate(active):
+                for position, row in enumerate(active if not idle else ()):
                     trunk[row].append(fed[position])
         return [
             self._finish(
@@ -302,6 +293,38 @@ class HFEngine:
             )
             for row, (prompt, response, response_logprobs) in enumerate(zip(prompts, responses, logprobs, strict=True))
         ]
+
+    def _choose(
+        self,
+        logits: torch.Tensor,
+        active: list[int],
+        responses: list[list[int]],
+        logprobs: list[list[float]],
+        constraints: list[Any] | None,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+    ) -> list[int]:
+        """Choose each active row's next token from `logits` (one row per active row), append it and
+        its log-prob; return the positions (in `active`) of the rows that go on decoding."""
+        logits = logits.float()
+        if constraints is not None:  # only what each row's grammar allows next (EOS once it is complete)
+            for position, row in enumerate(active):
+                constraints[row].mask(logits[position])
+        chosen = choose_tokens(logits, sampling.temperature, sampling.top_p, generator)
+        # Log-probs of the distribution sampled from, softmax(logits / T), as the RL losses use
+        # them (greedy decoding records the T = 1 policy's).
+        tempered = logits / sampling.temperature if sampling.temperature > 0 else logits
+        chosen_logprobs = tempered.log_softmax(dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
+        keep: list[int] = []
+        for position, (row, token, logprob) in enumerate(zip(active, chosen.tolist(), chosen_logprobs.tolist(), strict=True)):
+            responses[row].append(token)
+            logprobs[row].append(logprob)
+            if token in self.eos_token_ids or self._hit_stop(responses[row], sampling.stop):
+                continue
+            if constraints is not None:
+                constraints[row].accept(token)
+            keep.append(position)
+        return keep
 
     def _new_cache(self, max_length: int) -> Cache:
         """A KV cache preallocated for `max_length` tokens, written in place: a growing cache copies all

@@ -1,78 +1,84 @@
-"""What changes when the policy is sharded by FSDP: the gradient norm is over every rank's shard,
-an export or a weight push needs the full parameters gathered first, and FSDP's wrapper names are not
-the model's. Each function is the plain PyTorch operation when nothing is sharded (CPU, DDP, one GPU)."""
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`), as `trainer=fsdp` uses it through Lightning's
+`ModelParallelStrategy`: which modules are sharded, the gradient norm over every rank's shard, the
+full parameters an export or a weight push needs, and decoding in step with the other ranks.
+
+FSDP2 keeps the model's own classes and parameter names (its parameters become DTensors), so the same
+code runs sharded or not, on GPUs (NCCL) or CPU processes (gloo); every function here is the plain
+PyTorch operation when nothing is sharded (one process, DDP).
+"""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
-FSDP_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+def wrap_classes(model: nn.Module) -> set[type[nn.Module]]:
+    """The classes sharded one by one: the `_no_split_modules` (decoder layer) that the Hugging Face
+    models inside `model` name, as accelerate reads them, found among `model`'s modules (through peft's
+    and the value model's wrappers)."""
+    names = {name for module in model.modules() for name in (getattr(module, "_no_split_modules", None) or ())}
+    classes = {type(module) for module in model.modules() if type(module).__name__ in names}
+    if not classes:
+        raise ValueError(
+            f"trainer=fsdp: {type(model).__name__} names no decoder layer class in _no_split_modules "
+            f"({sorted(names)}); FSDP needs one to shard by"
+        )
+    return classes
+
+
+def shard(model: nn.Module, mesh: DeviceMesh, mixed_precision: MixedPrecisionPolicy | None = None) -> None:
+    """Shard `model` in place over `mesh`: each decoder layer is one unit (its all-gather large, the
+    memory peak one layer), the rest (embeddings, final norm, head, a value head) the root's. LoRA
+    adapters are sharded with the layer that holds them; frozen and trainable parameters may share a
+    unit (FSDP2 keeps `requires_grad` per parameter)."""
+    options = {"mesh": mesh, "mp_policy": mixed_precision or MixedPrecisionPolicy()}
+    classes = tuple(wrap_classes(model))
+    for module in model.modules():
+        if isinstance(module, classes):
+            fully_shard(module, **options)
+    fully_shard(model, **options)
 
 
 def is_sharded(module: nn.Module) -> bool:
-    """Whether FSDP wraps `module` or any module inside it."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    return any(isinstance(m, FullyShardedDataParallel) for m in module.modules())
+    """Whether FSDP2 shards `module` or any module inside it."""
+    return any(isinstance(m, FSDPModule) for m in module.modules())
 
 
-def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float, sharded: bool) -> Tensor:
+def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float) -> Tensor:
     """Clip the gradients of `parameters` to a total L2 norm of `max_norm`; return the norm before.
 
-    sharded: each rank holds a disjoint shard of every parameter (FSDP FULL_SHARD), so the squared norm
-    is summed over ranks before the root is taken, as FSDP's own `clip_grad_norm_` does; otherwise
-    every rank holds the whole gradient and `torch.nn.utils.clip_grad_norm_` is exact.
-    A non-finite norm leaves the gradients unscaled (the caller skips that step).
-    """
+    Sharded gradients are DTensors, whose norm torch computes over every rank's shard (an all-reduce):
+    the same clipping as one process with the whole gradient. A non-finite norm leaves the gradients
+    unscaled (the caller skips that step)."""
     params = [p for p in parameters if p.grad is not None]
-    if not sharded or not (dist.is_available() and dist.is_initialized()):
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    device = params[0].grad.device if params else torch.device("cpu")
-    squared = torch.zeros((), device=device, dtype=torch.float32)
-    for p in params:
-        squared += p.grad.detach().float().pow(2).sum()
-    dist.all_reduce(squared)
-    norm = squared.sqrt()
-    if torch.isfinite(norm):
-        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        for p in params:
-            p.grad.detach().mul_(scale.to(p.grad.dtype))
-    return norm
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
-@contextlib.contextmanager
-def full_parameters(root: nn.Module) -> Iterator[None]:
-    """Inside, every FSDP unit under `root` holds its full, unsharded parameters (read-only: changes
-    are not written back); a no-op when nothing is sharded. Every rank must enter it (a collective)."""
-    if not is_sharded(root):
-        yield
-        return
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    with FullyShardedDataParallel.summon_full_params(root, writeback=False, rank0_only=False):
-        yield
+def full_state_dict(module: nn.Module) -> dict[str, Tensor]:
+    """`module.state_dict()` with every sharded tensor (DTensor) all-gathered into a plain tensor: what
+    an export writes or a weight push sends. Every rank must call it (a collective per sharded tensor);
+    nothing is gathered when nothing is sharded."""
+    return {
+        name: tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        for name, tensor in module.state_dict().items()
+    }
 
 
-def model_name(name: str) -> str:
-    """A parameter's name as the unwrapped model calls it (FSDP's wrapper prefixes removed)."""
-    for prefix in FSDP_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
+def all_ranks_done(done: bool, device: torch.device) -> bool:
+    """Whether every rank is `done` (an all-reduce; this rank's own answer outside a process group).
 
-
-def named_model_parameters(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
-    """(model name, detached tensor) of every parameter, for a push to another engine; call it inside
-    `full_parameters` when the module is sharded."""
-    for name, param in module.named_parameters():
-        yield model_name(name), param.detach()
-
-
-def submodule_state(state: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    """The entries of a (gathered) state dict under `prefix` ("policy."), with the prefix and FSDP's
-    wrapper names removed: the submodule's own `state_dict()` keys."""
-    return {model_name(key)[len(prefix):]: value for key, value in state.items() if model_name(key).startswith(prefix)}
+    A sharded forward all-gathers each unit's parameters from every rank, so the ranks must run the
+    same number of forwards: a rank whose rows have all ended keeps stepping until every rank's have."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return done
+    pending = torch.tensor([0 if done else 1], dtype=torch.int32, device=device)
+    dist.all_reduce(pending)
+    return int(pending.item()) == 0

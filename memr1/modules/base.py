@@ -35,7 +35,7 @@ from memr1.interrupt import raise_if_requested
 from memr1.llm.engines import Generation, GenerationEngine, HFEngine
 from memr1.llm.precision import FP32, FrozenLinearCopies, Precision
 from memr1.llm.sampling import SamplingConfig
-from memr1.llm.sharding import clip_grad_norm, is_sharded
+from memr1.llm.sharding import clip_grad_norm, shard
 from memr1.llm.trunk import frozen_trunk_depth
 from memr1.modules.held_out import HeldOutRewards
 from memr1.modules.outputs import StepOutput
@@ -106,7 +106,7 @@ class RLModule(LightningModule):
         self.skipped_steps = 0  # optimiser steps dropped for a non-finite gradient norm
         self.last_step: StepOutput | None = None  # the last training step's output (what its callbacks got)
         self._stage_seconds: dict[str, float] = {}  # of the current step: rollout, update, ...
-        self._sharded = False  # FSDP shards the modules (set once the strategy has wrapped them)
+        self._sharded = False  # FSDP2 shards the models (configure_model, under trainer=fsdp)
         self._trunk_depth = 0  # frozen bottom layers, run once per token (memr1.llm.trunk; set in on_train_start)
         # A fixed probe set of training states, sampled with a fixed seed every N steps: the step reward
         # compares different questions each step, the probe reward the same ones (`train/probe_reward`).
@@ -130,6 +130,23 @@ class RLModule(LightningModule):
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         # A batch is a list of states (Python objects): tensors are made, on the right device, in rollout.
         return batch
+
+    def configure_model(self) -> None:
+        """Under `trainer=fsdp` (Lightning's ModelParallelStrategy), shard the policy, the critic and a
+        separate reference with FSDP2 over the data-parallel mesh, one unit per decoder layer
+        (`memr1.llm.sharding.shard`); their compute precision stays the module's autocast. Nothing
+        under the other strategies."""
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        if self._sharded or not isinstance(self.trainer.strategy, ModelParallelStrategy):
+            return
+        mesh = self.device_mesh["data_parallel"]
+        for model in (self.policy, self.critic, self.reference):
+            if model is not None:
+                shard(model, mesh)
+        self._sharded = True
+        if isinstance(self.engine, HFEngine):  # it decodes with the sharded policy: a collective per forward
+            self.engine.lockstep = True
 
     # -- optimisation -------------------------------------------------------------------------------
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
@@ -320,7 +337,7 @@ class RLModule(LightningModule):
 
     def _advantages(self, batch: RolloutBatch, group_ids: Sequence[int]) -> None:
         batch.advantages, returns = self.algorithm.advantages(
-            batch.scores, batch.response_mask, torch.as_tensor(group_ids), batch.old_values, self.algo
+            batch.scores, batch.response_mask, torch.as_tensor(group_ids), batch.old_values, self.algo, self.sum_over_ranks
         )
         if returns is not None:
             batch.returns = returns
@@ -360,11 +377,15 @@ class RLModule(LightningModule):
         gradients, so each rank's share is scaled by their number); the constant length of
         `seq-mean-token-sum-norm` is the agent's `max_new_tokens`."""
         mask = response_mask.float()
-        counts = torch.stack([mask.sum(), (mask.sum(dim=-1) > 0).sum().float()])
+        counts = self.sum_over_ranks(torch.stack([mask.sum(), (mask.sum(dim=-1) > 0).sum().float()]))
         ranks = self.trainer.world_size if self._trainer is not None else 1
-        if ranks > 1:
-            counts = self.trainer.strategy.reduce(counts, reduce_op="sum")
         return core.LossDenominator(float(counts[0]), float(counts[1]), ranks, self.max_new_tokens)
+
+    def sum_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` summed over the data-parallel processes (itself in one process)."""
+        if self._trainer is None or self.trainer.world_size == 1:
+            return tensor
+        return self.trainer.strategy.reduce(tensor, reduce_op="sum")
 
     def accumulate(self, loss: torch.Tensor) -> None:
         self.manual_backward(loss)
@@ -384,7 +405,7 @@ class RLModule(LightningModule):
         """Clip and step; a gradient whose norm is not finite is dropped and counted instead (verl's
         `_optimizer_step`): one bad batch must not turn the weights into NaN."""
         params = [p for p in module.parameters() if p.requires_grad]
-        norm = clip_grad_norm(params, self.algo.grad_clip, sharded=self._sharded)
+        norm = clip_grad_norm(params, self.algo.grad_clip)
         if torch.isfinite(norm):
             optimizer.step()
         else:
@@ -395,8 +416,7 @@ class RLModule(LightningModule):
     # -- the training step ------------------------------------------------------------------------------
     def on_train_start(self) -> None:
         self._stage_seconds = {}
-        self._sharded = is_sharded(self)
-        # FSDP runs a wrapped model only through its root forward: a sharded policy runs whole.
+        # FSDP runs a sharded model's units only through its root forward: a sharded policy runs whole.
         self._trunk_depth = frozen_trunk_depth(self.policy) if self.algo.reuse_frozen_trunk and not self._sharded else 0
         data = self.trainer.datamodule if self.trainer is not None else None
         if self.probe_count and self.held_out.probe_every_n_steps and hasattr(data, "probe_states"):

@@ -11,7 +11,7 @@ instantiates `AlgoConfig` and refuses a bad setting in about a second, before an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -144,11 +144,19 @@ class Algorithm:
             raise ValueError(f"algo.ppo_epochs: must be >= 1, got {algo.ppo_epochs}")
 
     def advantages(
-        self, scores: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None, algo: AlgoConfig
+        self,
+        scores: Tensor,
+        response_mask: Tensor,
+        group_ids: Tensor,
+        values: Tensor | None,
+        algo: AlgoConfig,
+        sum_over_ranks: Callable[[Tensor], Tensor] = lambda tensor: tensor,
     ) -> tuple[Tensor, Tensor | None]:
         """Per-token advantages `(bs, L)` and, for a critic, its returns `(bs, L)` (else None), from
         the outcome scores `(bs,)`, the response mask `(bs, L)`, each row's group `(bs,)` and the
-        critic's values `(bs, L)` (None without a critic)."""
+        critic's values `(bs, L)` (None without a critic). `sum_over_ranks`: sums a tensor over the
+        data-parallel ranks, for a statistic of the whole batch (PPO's whitening); groups never
+        span ranks."""
         from memr1.rl import core  # torch loads here, never in the preflight
 
         return core.broadcast_to_tokens(self.sequence_advantages(scores, group_ids, core), response_mask), None
@@ -247,14 +255,25 @@ class PPO(Algorithm):
     needs_critic = True
 
     def advantages(
-        self, scores: Tensor, response_mask: Tensor, group_ids: Tensor, values: Tensor | None, algo: AlgoConfig
+        self,
+        scores: Tensor,
+        response_mask: Tensor,
+        group_ids: Tensor,
+        values: Tensor | None,
+        algo: AlgoConfig,
+        sum_over_ranks: Callable[[Tensor], Tensor] = lambda tensor: tensor,
     ) -> tuple[Tensor, Tensor | None]:
         from memr1.rl import core
 
         if values is None:
             raise ValueError("PPO's advantages need the critic's values")
-        token_rewards = core.outcome_to_token_rewards(scores, response_mask.float())
-        return core.compute_gae(token_rewards, values, response_mask.float(), gamma=algo.gamma, lam=algo.lam)
+        mask = response_mask.float()
+        token_rewards = core.outcome_to_token_rewards(scores, mask)
+        advantages, returns = core.compute_gae(token_rewards, values, mask, gamma=algo.gamma, lam=algo.lam, whiten=False)
+        # Whitened over the whole batch, every rank's rows (verl whitens the batch on its driver): the
+        # same advantages however the rows are split over processes.
+        moments = sum_over_ranks(core.masked_moments(advantages, mask))
+        return core.whiten_with_moments(advantages, moments) * mask, returns
 
 
 @register

@@ -87,6 +87,29 @@ def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: fl
     return whitened if shift_mean else whitened + mean
 
 
+def masked_moments(values: Tensor, mask: Tensor) -> Tensor:
+    """(count, sum, sum of squares) of `values` over the positions where `mask` is 1.
+
+    values, mask: (bs, L) -> (3,). Moments add up: summed over data-parallel ranks they are the whole
+    batch's, which `whiten_with_moments` then applies on each rank.
+    """
+    mask = mask.float()
+    values = values.float()
+    return torch.stack([mask.sum(), (values * mask).sum(), (values.square() * mask).sum()])
+
+
+def whiten_with_moments(values: Tensor, moments: Tensor, eps: float = 1e-8) -> Tensor:
+    """(values - mean) / sqrt(var + eps), the mean and unbiased variance taken from `moments`
+    (`masked_moments`, possibly summed over ranks): `masked_whiten` over the batch they count.
+
+    values: (bs, L) -> (bs, L); moments: (3,).
+    """
+    count, total, squares = moments.double().unbind()
+    mean = total / count.clamp(min=1)
+    variance = (squares - count * mean.square()).clamp(min=0) / (count - 1).clamp(min=1)
+    return ((values.double() - mean) * torch.rsqrt(variance + eps)).to(values.dtype)
+
+
 # --- loss aggregation ------------------------------------------------------------------------------
 
 

@@ -1,0 +1,73 @@
+"""`train.py` with two real processes (gloo) on CPU: DDP (`trainer=cpu trainer.devices=2`) and FSDP2
+(`trainer=fsdp trainer.accelerator=cpu trainer.devices=2`, every model sharded per decoder layer). They
+share one Milvus Lite bank file (one builds, the other waits, both read it in-process), clip, log and
+export once; the export reloads in plain peft / transformers; an FSDP run resumes from its gathered
+checkpoint."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from memr1.llm.loading import load_policy, load_tokenizer
+from memr1.llm.testing import save_tiny_checkpoint
+from processes import run, train_command
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_ddp_processes_on_cpu_train_log_and_export_once(tmp_path: Path):
+    backbone = save_tiny_checkpoint(tmp_path / "tiny", load_tokenizer("embedded:smollm2-135m-instruct"))
+    run_dir = tmp_path / "run"
+    command = train_command(
+        backbone, run_dir, tmp_path / "banks", "trainer=cpu", "trainer.devices=2", "data_loader.states_per_step=2",
+        "data_loader.max_steps=2", "data_loader.val_check_interval=2", "lora.enabled=true", "lora.target_modules=[q_proj,v_proj]",
+    )
+    log = tmp_path / "log.txt"
+    assert run(command, log, timeout=600) == 0, log.read_text()[-3000:]
+    with (run_dir / "csv" / "metrics.csv").open() as file:
+        steps = [int(row["step"]) for row in csv.DictReader(file) if row.get("reward/mean")]
+    assert steps == [1, 2]  # rank 0 logs each step once
+    banks = sorted(p.name for p in (tmp_path / "banks").glob("*.db"))
+    assert len(banks) == 1 and banks[0].startswith("locomo-observation-add_all-")  # one file for both ranks
+    exported = run_dir / "policy" / "last"
+    assert (exported / "adapter_config.json").is_file()
+    model, _ = load_policy(backbone, ckpt=exported)
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([[3, 8, 1, 4]])).logits).all()
+
+
+def metric_steps(run_dir: Path) -> list[int]:
+    with (run_dir / "csv" / "metrics.csv").open() as file:
+        return [int(row["step"]) for row in csv.DictReader(file) if row.get("reward/mean")]
+
+
+def test_fsdp2_on_two_cpu_processes_trains_ppo_exports_once_and_resumes(tmp_path: Path):
+    backbone = save_tiny_checkpoint(tmp_path / "tiny", load_tokenizer("embedded:smollm2-135m-instruct"))
+    run_dir = tmp_path / "run"
+    common = (
+        "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "data_loader.states_per_step=2",
+        "data_loader.val_check_interval=2", "lora.enabled=true", "lora.target_modules=[q_proj,v_proj]",
+    )
+    log = tmp_path / "log.txt"
+    command = train_command(backbone, run_dir, tmp_path / "banks", *common, "data_loader.max_steps=2", algo="ppo")
+    assert run(command, log, timeout=600) == 0, log.read_text()[-3000:]
+    assert metric_steps(run_dir) == [1, 2]  # rank 0 logs each step once
+    checkpoint = torch.load(next((run_dir / "checkpoints").glob("*step=2.ckpt")), weights_only=False)
+    weights = checkpoint["state_dict"]  # one file, gathered: plain tensors under the model's own names
+    assert weights and all(type(t) is torch.Tensor for t in weights.values())
+    assert any(k.startswith("policy.") and "lora_A" in k for k in weights) and any(k.startswith("critic.") for k in weights)
+    exported = run_dir / "policy" / "last"
+    model, _ = load_policy(backbone, ckpt=exported)  # plain peft on one process
+    base, _ = load_policy(backbone)
+    ids = torch.tensor([[3, 8, 1, 4]])
+    with torch.no_grad():
+        assert not torch.allclose(model(ids).logits, base(ids).logits)  # trained adapters, gathered whole
+
+    command = train_command(backbone, run_dir, tmp_path / "banks", *common, "data_loader.max_steps=3", "ckpt_path=last", algo="ppo")
+    assert run(command, log, timeout=600) == 0, log.read_text()[-3000:]
+    assert "Restored all states from the checkpoint" in log.read_text()
+    assert metric_steps(run_dir) == [1, 2, 3]  # the resumed run adds step 3 once
