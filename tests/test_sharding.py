@@ -46,15 +46,16 @@ def _sharded_on_rank(rank: int, port: int, results: dict) -> None:
         want = torch.nn.utils.clip_grad_norm_([p for p in twin.parameters() if p.requires_grad], max_norm=1e-3)
         clipped = {n: p.grad.full_tensor() for n, p in model.named_parameters() if p.grad is not None}
         state = full_state_dict(model)
-        # Greedy decoding with each rank's own prompts. Rank 0's rows end at their first token (made an
-        # end token), rank 1's run to 12: rank 0 keeps stepping (idle) until rank 1 is done.
+        # Greedy decoding with each rank's own prompts, a batch each. Rank 0's rows end at their first
+        # token (made an end token), rank 1's runs to 12: rank 0 keeps stepping (idle) until rank 1 is
+        # done; rank 0 has two batches, rank 1 one: rank 1 decodes a stand-in batch.
         sampling = SamplingConfig.greedy_up_to(12)
         first = HFEngine(twin, tokenizer).generate(PROMPTS[rank], SamplingConfig.greedy_up_to(1))
         eos = {g[0].response_ids[0] for g in first} if rank == 0 else set()
-        engine = HFEngine(model, tokenizer, batch_size=4, eos_token_ids=eos)
+        engine = HFEngine(model, tokenizer, batch_size=1, eos_token_ids=eos)
         engine.lockstep = True
         generations = [g[0] for g in engine.generate(PROMPTS[rank], sampling)]
-        alone = [g[0] for g in HFEngine(twin, tokenizer, batch_size=4, eos_token_ids=eos).generate(PROMPTS[rank], sampling)]
+        alone = [g[0] for g in HFEngine(twin, tokenizer, batch_size=1, eos_token_ids=eos).generate(PROMPTS[rank], sampling)]
         results[rank] = {
             "sharded": is_sharded(model) and not is_sharded(twin),
             "norm": (float(norm), float(want)),

@@ -34,7 +34,7 @@ from memr1.interrupt import raise_if_requested
 from memr1.llm.padding import left_pad, position_ids_from_attention_mask
 from memr1.llm.precision import FP32, Precision
 from memr1.llm.sampling import SamplingConfig, choose_tokens, cut_at_first_stop
-from memr1.llm.sharding import all_ranks_done
+from memr1.llm.sharding import all_ranks_done, max_over_ranks
 from memr1.llm.trunk import record_trunk
 
 ChatMessages = Sequence[Mapping[str, str]]
@@ -166,8 +166,9 @@ class HFEngine:
         )
         self._cache_keyword = cache_keyword(model)
         self._warned_dynamic_cache = False
-        # Set when the model is sharded (FSDP2): each forward is a collective, so every rank decodes
-        # until every rank's rows have ended (`memr1.llm.sharding.all_ranks_done`).
+        # Set when the model is sharded (FSDP2): each forward is a collective, so every rank runs as
+        # many batches as the rank with the most, each until every rank's rows have ended
+        # (`memr1.llm.sharding`).
         self.lockstep = False
 
     records_trunk = True  # its own decoding loop reads every layer's output as it goes
@@ -192,8 +193,14 @@ class HFEngine:
         self.model.eval()
         try:
             with torch.no_grad(), self.precision.autocast(device):
-                for start in range(0, len(requests), self.batch_size):
-                    batch = requests[start : start + self.batch_size]
+                batches = -(-len(requests) // self.batch_size)
+                # Locked: as many batches as the rank with the most (agreed before any forward), the
+                # extra ones a one-token stand-in whose output is discarded.
+                for batch_index in range(max_over_ranks(batches, device) if self.lockstep else batches):
+                    batch = requests[batch_index * self.batch_size : (batch_index + 1) * self.batch_size]
+                    if not batch:
+                        self._generate_batch([[self.tokenizer.pad_token_id]], sampling, generator, trunk_depth)
+                        continue
                     generations = self._generate_batch(
                         [prompt_ids[index] for index, _ in batch], sampling, generator, trunk_depth
                     )

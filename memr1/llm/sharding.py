@@ -72,13 +72,19 @@ def full_state_dict(module: nn.Module) -> dict[str, Tensor]:
     }
 
 
-def all_ranks_done(done: bool, device: torch.device) -> bool:
-    """Whether every rank is `done` (an all-reduce; this rank's own answer outside a process group).
+def max_over_ranks(value: int, device: torch.device) -> int:
+    """The largest `value` of every rank (an all-reduce; `value` itself outside a process group).
 
     A sharded forward all-gathers each unit's parameters from every rank, so the ranks must run the
-    same number of forwards: a rank whose rows have all ended keeps stepping until every rank's have."""
+    same forwards: the same number of decoding batches, and of steps in each (`all_ranks_done`)."""
     if not (dist.is_available() and dist.is_initialized()):
-        return done
-    pending = torch.tensor([0 if done else 1], dtype=torch.int32, device=device)
-    dist.all_reduce(pending)
-    return int(pending.item()) == 0
+        return value
+    largest = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return int(largest.item())
+
+
+def all_ranks_done(done: bool, device: torch.device) -> bool:
+    """Whether every rank is `done`: a rank whose rows have all ended keeps stepping until every
+    rank's have."""
+    return max_over_ranks(0 if done else 1, device) == 0

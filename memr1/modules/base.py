@@ -236,8 +236,9 @@ class RLModule(LightningModule):
     def _keep_groups_with_spread(self, rows: list[tuple[Generation, Reward]], wanted: int) -> list[tuple[Generation, Reward]]:
         """DAPO's dynamic sampling: keep the groups whose rewards differ, drawing more states (from the
         data module's `extra_states`) until `wanted` groups are kept or `max_num_gen_batches` batches
-        were drawn. Every rank keeps the same number of groups (so that they step together); a step
-        that kept none trains on its first batch as plain GRPO would (no policy gradient)."""
+        were drawn. Every rank draws as many batches and keeps as many groups (so that they step
+        together); a step that kept none trains on its first batch as plain GRPO would (no policy
+        gradient)."""
         source = self.trainer.datamodule if self.trainer is not None else None
         if not isinstance(source, ExtraStates):
             raise ValueError("algo.filter_groups.enable: the data module cannot draw extra states (it has no extra_states)")
@@ -250,11 +251,11 @@ class RLModule(LightningModule):
             drawn_groups += len(groups)
             kept += [g for g in groups if len({reward.score for _, reward in g}) > 1]
             draw += 1
-            if len(kept) >= wanted or (cap and draw >= cap):
+            # Decided together: every rank draws as many batches (a sharded policy decodes in lockstep).
+            kept_everywhere = int(self.all_gather(torch.tensor(min(len(kept), wanted), device=self.device)).min())
+            if kept_everywhere >= wanted or (cap and draw >= cap):
                 break
             batch = self.sample(source.extra_states(self.global_step, draw), draw)
-        kept_here = min(len(kept), wanted)
-        kept_everywhere = int(self.all_gather(torch.tensor(kept_here, device=self.device)).min())
         self._filter_stats = {
             "filter/groups_drawn": float(drawn_groups),
             "filter/groups_kept": float(kept_everywhere),
