@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # spread and the policy gradient (advantages, their resume) moves the weights too.
 TINY_RUN = (
     "answer.distill=false", "answer.k_per_speaker=1", "answer.max_new_tokens=4",
-    "algo.actor_lr=1e-3", "algo.entropy_coef=0.1", "algo.micro_batch_size=2",
+    "algo.actor_lr=1e-3", "algo.micro_batch_size=2",
     "data_loader.states_per_step=2", "data_loader.max_steps=6", "data_loader.val_check_interval=2",
     "data_loader.limit_val_batches=1", "data_loader.val_batch_size=2", "checkpoint.every_n_train_steps=1",
     "logging.wandb=false", "logging.samples_every_n_steps=1",
@@ -41,7 +41,11 @@ def free_port() -> int:
 
 
 # Each algorithm's own settings (train.py refuses a setting the chosen algorithm would ignore).
-ALGO_RUN = {"grpo": ("algo.group_size=2",), "ppo": ("algo=ppo", "algo.critic_lr=1e-3")}
+ALGO_RUN = {
+    "grpo": ("algo.group_size=2", "algo.entropy_coef=0.1"),
+    "ppo": ("algo=ppo", "algo.critic_lr=1e-3", "algo.entropy_coef=0.1"),
+    "sft": ("algo=sft",),  # the dataset teacher's targets: no sampling, the same batches however many processes
+}
 
 
 def train_command(
