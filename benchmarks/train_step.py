@@ -194,7 +194,7 @@ def measure_one(config: StepConfig) -> dict[str, Any]:
     class RecordStep(Callback):
         def on_train_batch_end(self, trainer: Trainer, pl_module: Any, *outputs_batch_and_index: Any) -> None:
             # The module's own clock: score + advantages + update, what it logs as time/update_s.
-            steps.append({"step": pl_module._stage_seconds["update"], **stage_seconds})
+            steps.append({"step": pl_module.stage_seconds["update"], **stage_seconds})
 
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     loaded_rss, load_peak = current_rss(), peak_rss()

@@ -111,7 +111,7 @@ def test_overlong_responses_lose_reward_by_how_far_they_ran_past_the_buffer(toke
     # A random tiny model never emits EOS in 8 tokens: every response runs to the cap, 8 = 4 past 8 - 4.
     algo = AlgoConfig(name="grpo", group_size=2, actor_lr=1e-3, kl_coef=0.0, overlong_buffer={"enable": True, "len": 4, "penalty_factor": 0.5})
     module = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, SpreadEnv(2), algo, max_new_tokens=8, seed=3)
-    rows = module.sample(["spread-a"])
+    rows = module.rollouts.sample(["spread-a"], step=0)
     assert [len(sample.response_ids) for sample, _ in rows] == [8, 8]
     assert [reward.score for _, reward in rows] == [1.0 - 0.5, 0.0 - 0.5]  # -(8 - 4) / 4 * 0.5
 

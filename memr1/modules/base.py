@@ -1,8 +1,11 @@
 """The RL LightningModule shared by both agents: rollout → reward → advantages → PPO / GRPO update.
 
-The module orchestrates; the maths lives in `memr1.rl.core` (pure functions), the tensors in
-`memr1.rl.batch`, the rewards in `memr1.envs`. Subclasses only say how to validate and what extra to
-log (`ManagerRLModule`, `AnswerRLModule`).
+The module orchestrates and owns the models; the rollout side (sampling, rewards, overlong shaping,
+dynamic sampling, packing) is `memr1.modules.rollout`, the update loop `memr1.rl.update` (which calls
+this module's forwards and optimiser steps through its `Learner` hooks), what a step logs
+`memr1.modules.step_metrics`, the maths `memr1.rl.core` (pure functions), the tensors
+`memr1.rl.batch`, the rewards `memr1.envs`. Subclasses only say how to validate and what extra to log
+(`ManagerRLModule`, `AnswerRLModule`).
 
 One training step:
 1. rollout: every state's prompt is sampled `group_size` times (GRPO's G; PPO uses 1) by the rollout
@@ -20,10 +23,9 @@ One training step:
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, replace
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import asdict
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
@@ -32,26 +34,21 @@ from torch import nn
 from memr1.envs.base import Environment, Reward
 from memr1.faults import fault_point
 from memr1.interrupt import raise_if_requested
-from memr1.llm.engines import Generation, GenerationEngine, HFEngine
+from memr1.llm.engines import GenerationEngine, HFEngine
 from memr1.llm.precision import FP32, FrozenLinearCopies, Precision
 from memr1.llm.sampling import SamplingConfig
 from memr1.llm.sharding import clip_grad_norm, shard
 from memr1.llm.trunk import frozen_trunk_depth
 from memr1.modules.held_out import HeldOutRewards
 from memr1.modules.outputs import StepOutput
+from memr1.modules.rollout import Rollouts, StageSeconds
+from memr1.modules.step_metrics import rl_step_metrics
 from memr1.rl import core
 from memr1.rl.algorithms import AlgoConfig
-from memr1.rl.batch import RolloutBatch, pack_rollouts, response_logprobs, response_values, trunk_hidden_states
+from memr1.rl.batch import RolloutBatch, response_logprobs, response_values, trunk_hidden_states
 from memr1.rl.update import single_pass, update_actor_critic
 from memr1.seeds import stream_seed
 
-
-@runtime_checkable
-class ExtraStates(Protocol):
-    """A data module that can draw more training states for a step (dynamic sampling): draw `draw`
-    (1, 2, ...) of step `step`, this rank's share, the same in a resumed run."""
-
-    def extra_states(self, step: int, draw: int) -> list[Any]: ...
 
 class RLModule(LightningModule):
     """Trains `policy` on `env` with the algorithm `algo.name` names (`memr1.rl.algorithms`): PPO needs
@@ -105,7 +102,7 @@ class RLModule(LightningModule):
         self.automatic_optimization = False
         self.skipped_steps = 0  # optimiser steps dropped for a non-finite gradient norm
         self.last_step: StepOutput | None = None  # the last training step's output (what its callbacks got)
-        self._stage_seconds: dict[str, float] = {}  # of the current step: rollout, update, ...
+        self.stage_seconds = StageSeconds()  # of the current step: rollout, reward, update, ...
         self._sharded = False  # FSDP2 shards the models (configure_model, under trainer=fsdp)
         self._trunk_depth = 0  # frozen bottom layers, run once per token (memr1.llm.trunk; set in on_train_start)
         # A fixed probe set of training states, sampled with a fixed seed every N steps: the step reward
@@ -114,6 +111,7 @@ class RLModule(LightningModule):
         # training curve reports, on held-out states, beside the greedy metrics.
         self.probe_count = probe_states
         self.held_out = HeldOutRewards(self.engine, env, seed, probe_every_n_steps, val_sampled_reward)
+        self.rollouts = Rollouts(self.engine, env, tokenizer, algo, max_new_tokens, seed, self.stage_seconds)
         self.strict_loading = False  # checkpoints hold the trainable weights only (on_save_checkpoint)
         self.save_hyperparameters({"algo": asdict(algo), "seed": seed})
 
@@ -172,49 +170,24 @@ class RLModule(LightningModule):
         """Greedy, to the agent's `max_new_tokens`: how evaluate.py decodes the same agent."""
         return SamplingConfig.greedy_up_to(self.max_new_tokens)
 
-    def rollout_sampling(self, draw: int = 0) -> SamplingConfig:
-        """`draw`: dynamic sampling's extra rollout batches of the step (0: the step's own)."""
-        return SamplingConfig(
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.algo.temperature,
-            top_p=self.algo.top_p,
-            n=self._group,
-            # A stream per step (and draw): a resumed run samples exactly what the unbroken run sampled.
-            seed=stream_seed(self.seed, "rollout", self.global_step, draw),
-        )
-
-    def sample(self, states: Sequence[Any], draw: int = 0) -> list[tuple[Generation, Reward]]:
-        """Each state's `_group` samples, in state order, each with its reward (overlong shaping
-        included, `algo.overlong_buffer`)."""
-        sampling = self.rollout_sampling(draw)
-        was_training = self.policy.training
-        self.policy.eval()
-        started = time.perf_counter()
-        with torch.no_grad():
-            outputs = self.engine.generate([self.env.prompt(state) for state in states], sampling, trunk_depth=self._recorded_trunk_depth)
-        self.policy.train(was_training)
-        self._add_seconds("rollout", started)
-        rows = [(state, sample) for state, samples in zip(states, outputs) for sample in samples]
-        started = time.perf_counter()
-        rewards = self.env.score([state for state, _ in rows], [sample.text for _, sample in rows])
-        self._add_seconds("reward", started)
-        overlong = self.algo.overlong_buffer
-        if self.algorithm.trains_on_rollouts and overlong.enable:
-            lengths = torch.tensor([len(sample.response_ids) for _, sample in rows])
-            penalties = core.overlong_penalty(lengths, self.max_new_tokens, min(overlong.len, self.max_new_tokens), overlong.penalty_factor)
-            rewards = [
-                replace(reward, score=reward.score + float(penalty), info={**reward.info, "overlong_penalty": float(penalty)})
-                for reward, penalty in zip(rewards, penalties.tolist())
-            ]
-        return [(sample, reward) for (_, sample), reward in zip(rows, rewards)]
+    def rollout_sampling(self) -> SamplingConfig:
+        """How this step's rollouts sample (the probe and the sampled validation reward sample alike)."""
+        return self.rollouts.sampling(self.global_step)
 
     def rollout(self, states: Sequence[Any]) -> tuple[RolloutBatch, list[Reward]]:
-        """Sample, score and pack: rows are grouped by state, `_group` per state. With
+        """Sample, score and pack (`Rollouts`): rows are grouped by state, `_group` per state. With
         `algo.filter_groups`, groups without reward spread are replaced by groups of extra states."""
-        rows = self.sample(states)
+        rows = self.rollouts.sample(states, self.global_step, trunk_depth=self._recorded_trunk_depth)
         if self.algorithm.flat_groups_are_zero and self.algo.filter_groups.enable:
-            rows = self._keep_groups_with_spread(rows, len(states))
-        return self._pack(rows), [reward for _, reward in rows]
+            source = self.trainer.datamodule if self._trainer is not None else None
+            rows = self.rollouts.keep_groups_with_spread(
+                rows, len(states), source, self.global_step, self._min_over_ranks, self._recorded_trunk_depth
+            )
+        batch = self.rollouts.pack(rows, self.device, self._reuse_sampler_logprobs, bool(self._recorded_trunk_depth))
+        return batch, [reward for _, reward in rows]
+
+    def _min_over_ranks(self, value: int) -> int:
+        return int(self.all_gather(torch.tensor(value, device=self.device)).min())
 
     @property
     def _recorded_trunk_depth(self) -> int:
@@ -222,58 +195,11 @@ class RLModule(LightningModule):
         (the HF engine); otherwise 0, and `_score_batch` computes the trunk states in one pass."""
         return self._trunk_depth if self._policy_samples_itself and self.engine.records_trunk else 0
 
-    def _pack(self, rows: Sequence[tuple[Generation, Reward]]) -> RolloutBatch:
-        record = bool(self._recorded_trunk_depth)
-        return pack_rollouts(
-            [sample.prompt_ids for sample, _ in rows],
-            [sample.response_ids for sample, _ in rows],
-            [reward.score for _, reward in rows],
-            self.tokenizer.pad_token_id,
-            logprobs=[sample.logprobs for sample, _ in rows] if self._reuse_sampler_logprobs else None,
-            trunk_hidden=[sample.trunk_hidden for sample, _ in rows] if record else None,
-        ).to(self.device)
-
-    def _keep_groups_with_spread(self, rows: list[tuple[Generation, Reward]], wanted: int) -> list[tuple[Generation, Reward]]:
-        """DAPO's dynamic sampling: keep the groups whose rewards differ, drawing more states (from the
-        data module's `extra_states`) until `wanted` groups are kept or `max_num_gen_batches` batches
-        were drawn. Every rank draws as many batches and keeps as many groups (so that they step
-        together); a step that kept none trains on its first batch as plain GRPO would (no policy
-        gradient)."""
-        source = self.trainer.datamodule if self.trainer is not None else None
-        if not isinstance(source, ExtraStates):
-            raise ValueError("algo.filter_groups.enable: the data module cannot draw extra states (it has no extra_states)")
-        group, cap = self._group, self.algo.filter_groups.max_num_gen_batches
-        drawn_groups, kept, draw = 0, [], 0
-        started = time.perf_counter()
-        batch = rows
-        while True:
-            groups = [batch[start : start + group] for start in range(0, len(batch), group)]
-            drawn_groups += len(groups)
-            kept += [g for g in groups if len({reward.score for _, reward in g}) > 1]
-            draw += 1
-            # Decided together: every rank draws as many batches (a sharded policy decodes in lockstep).
-            kept_everywhere = int(self.all_gather(torch.tensor(min(len(kept), wanted), device=self.device)).min())
-            if kept_everywhere >= wanted or (cap and draw >= cap):
-                break
-            batch = self.sample(source.extra_states(self.global_step, draw), draw)
-        self._filter_stats = {
-            "filter/groups_drawn": float(drawn_groups),
-            "filter/groups_kept": float(kept_everywhere),
-            "filter/gen_batches": float(draw),
-            "time/extra_rollout_s": time.perf_counter() - started,
-        }
-        if kept_everywhere == 0:
-            return rows
-        return [row for g in kept[:kept_everywhere] for row in g]
-
-    def _add_seconds(self, stage: str, started: float) -> None:
-        self._stage_seconds[stage] = self._stage_seconds.get(stage, 0.0) + time.perf_counter() - started
-
     # -- forward passes without gradients -----------------------------------------------------------
     @property
     def _group(self) -> int:
         """Rows per state: consecutive rows of a rollout batch share a prompt."""
-        return self.algorithm.samples_per_state(self.algo)
+        return self.rollouts.group
 
     @property
     def _sharing(self) -> bool:
@@ -416,7 +342,7 @@ class RLModule(LightningModule):
 
     # -- the training step ------------------------------------------------------------------------------
     def on_train_start(self) -> None:
-        self._stage_seconds = {}
+        self.stage_seconds.clear()
         # FSDP runs a sharded model's units only through its root forward: a sharded policy runs whole.
         self._trunk_depth = frozen_trunk_depth(self.policy) if self.algo.reuse_frozen_trunk and not self._sharded else 0
         data = self.trainer.datamodule if self.trainer is not None else None
@@ -459,60 +385,26 @@ class RLModule(LightningModule):
         raise_if_requested()
 
     def training_step(self, states: list[Any], batch_idx: int) -> dict[str, StepOutput]:
-        self._stage_seconds, self._filter_stats = {}, {}
+        self.stage_seconds.clear()
+        self.rollouts.filter_stats = {}
         batch, rewards = self.rollout(states)  # the engine decodes in its own precision
         group_ids = [index for index in range(len(batch) // self._group) for _ in range(self._group)]
-        started = time.perf_counter()
-        with self.compute_precision():
+        with self.stage_seconds.timing("update"), self.compute_precision():
             self._score_batch(batch)
             self._advantages(batch, group_ids)
             update_stats = self._update(batch)
-        self._stage_seconds["update"] = time.perf_counter() - started
-        metrics = self._step_metrics(batch, rewards, group_ids, update_stats)
-        metrics.update(self._filter_stats)
+        metrics = rl_step_metrics(batch, rewards, self._group, update_stats, self.stage_seconds, self.algo.overlong_buffer.enable)
+        if self.critic is not None:
+            metrics["critic/explained_variance"] = float(core.explained_variance(batch.old_values, batch.returns, batch.response_mask.float()))
+        metrics["actor/lr"] = float(self._optimizers()[0].param_groups[0]["lr"])
+        metrics["actor/skipped_steps"] = float(self.skipped_steps)
+        metrics.update(self.extra_metrics(rewards))
+        metrics.update(self.rollouts.filter_stats)
         metrics.update(self.probe_metrics())
         self.last_step = StepOutput(dict(metrics), batch, rewards)
         self.log("reward/mean", metrics.pop("reward/mean"), on_step=True, prog_bar=True, batch_size=len(batch))
         self.log_dict(metrics, on_step=True, prog_bar=False, batch_size=len(batch))
         return self.last_step.as_outputs()
-
-    def _step_metrics(
-        self, batch: RolloutBatch, rewards: Sequence[Reward], group_ids: Sequence[int], update: dict[str, float]
-    ) -> dict[str, float]:
-        mask = batch.response_mask.float()
-        scores = batch.scores
-        lengths = mask.sum(dim=1)
-        metrics = {f"actor/{name}": value for name, value in update.items() if not name.startswith(("value", "critic"))}
-        metrics.update({f"critic/{name}": value for name, value in update.items() if name.startswith(("value", "critic"))})
-        metrics["reward/mean"] = float(scores.mean())
-        metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
-        if self._group > 1:
-            spread = core.groups_with_spread(scores, torch.as_tensor(group_ids))
-            metrics["reward/zero_std_group_frac"] = float((~spread).float().mean())
-        if self.algo.overlong_buffer.enable:
-            penalties = [float(r.info.get("overlong_penalty", 0.0)) for r in rewards]
-            metrics["reward/overlong_frac"] = sum(p < 0 for p in penalties) / len(penalties)
-            metrics["reward/overlong_penalty_mean"] = sum(penalties) / len(penalties)
-        advantages = core.masked_mean(batch.advantages, mask)
-        metrics["advantage/mean"] = float(advantages)
-        metrics["advantage/max"] = float(batch.advantages[mask.bool()].max()) if mask.any() else 0.0
-        metrics["advantage/min"] = float(batch.advantages[mask.bool()].min()) if mask.any() else 0.0
-        # The responses that carry a gradient: a zero advantage teaches nothing, whatever the reward.
-        metrics["advantage/nonzero_frac"] = float((batch.advantages.abs().amax(dim=1) > 0).float().mean())
-        if self.critic is not None:
-            metrics["critic/explained_variance"] = float(core.explained_variance(batch.old_values, batch.returns, mask))
-        metrics["actor/lr"] = float(self._optimizers()[0].param_groups[0]["lr"])
-        metrics["actor/skipped_steps"] = float(self.skipped_steps)
-        metrics["response/length_mean"] = float(lengths.mean())
-        metrics["response/length_max"] = float(lengths.max())
-        metrics["response/format_error_rate"] = sum(r.format_error is not None for r in rewards) / len(rewards)
-        for name, seconds in self._stage_seconds.items():
-            metrics[f"time/{name}_s"] = seconds
-        generated = float(lengths.sum())
-        if self._stage_seconds.get("rollout"):
-            metrics["time/rollout_tokens_per_s"] = generated / self._stage_seconds["rollout"]
-        metrics.update(self.extra_metrics(rewards))
-        return metrics
 
     def extra_metrics(self, rewards: Sequence[Reward]) -> dict[str, float]:
         """Agent-specific per-step metrics (e.g. the Manager's operation mix)."""
