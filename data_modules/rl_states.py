@@ -4,7 +4,6 @@ recipe (`memr1.banks.recipe`), states (`memr1.states.datasets`) and the step-ind
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -17,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from data_modules.locomo import LoCoMoDataModule
 from memr1.banks.build import memory_items
+from memr1 import lightning_loop
 from memr1.banks.policies import AddAllPolicy, MemoryPolicy
 from memr1.banks.recipe import BankRecipe, bank_recipe, open_or_build_banks
 from memr1.embed import Embedder
@@ -45,8 +45,6 @@ class RLStatesDataModule(LightningDataModule):
     batch_size: states per training step (all ranks together); val_batch_size: states per validation
         batch and rank.
     seed: of the training order (`batch_indices`).
-    steps_per_batch: optimizer steps the module takes per batch. `trainer.global_step` counts every
-        `LightningOptimizer.step`; `memr1.modules` takes exactly one per rollout batch (the default 1).
     max_steps: the last batch step (exclusive) when no trainer with `max_steps` is attached.
 
     `train_dataloader()` yields the batches of steps [start, stop): start from the attached trainer's
@@ -70,7 +68,6 @@ class RLStatesDataModule(LightningDataModule):
         batch_size: int = 8,
         val_batch_size: int = 8,
         seed: int = 0,
-        steps_per_batch: int = 1,
         max_steps: int | None = None,
         lock_wait_s: float = 1800.0,
         embedder: Embedder | None = None,
@@ -87,7 +84,7 @@ class RLStatesDataModule(LightningDataModule):
             raise ValueError("RLStatesDataModule.bank_policy: the recipe's banks are written by the Manager; pass its policy")
         if recipe.source == "llm":
             raise ValueError("memory=llm_facts: RL states are built from the dataset's facts or raw turns")
-        sizes = {"batch_size": batch_size, "val_batch_size": val_batch_size, "steps_per_batch": steps_per_batch}
+        sizes = {"batch_size": batch_size, "val_batch_size": val_batch_size}
         for name, value in sizes.items():
             if value < 1:
                 raise ValueError(f"RLStatesDataModule.{name}: must be >= 1, got {value}")
@@ -107,7 +104,6 @@ class RLStatesDataModule(LightningDataModule):
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size
         self.seed = seed
-        self.steps_per_batch = steps_per_batch
         self.max_steps = max_steps
         self.lock_wait_s = lock_wait_s
         self.embedder = embedder
@@ -220,25 +216,16 @@ class RLStatesDataModule(LightningDataModule):
         """The batch steps `train_dataloader()` yields now: [start, stop), see the class docstring."""
         stop = self.max_steps
         if self.trainer is not None and self.trainer.max_steps > 0:
-            stop = math.ceil(self.trainer.max_steps / self.steps_per_batch)
+            stop = self.trainer.max_steps
         if stop is None:
             raise ValueError("RL training is counted in steps: set the trainer's max_steps (or max_steps= here)")
         start = self.batch_step()
         return range(start, max(start, stop))
 
     def batch_step(self) -> int:
-        """The batch step training stands at: the attached trainer's global step // steps_per_batch (0
+        """The batch step training stands at: the attached trainer's (`lightning_loop.batch_step`; 0
         without a trainer)."""
-        if self.trainer is None:
-            return 0
-        global_step = self.trainer.global_step
-        if global_step % self.steps_per_batch:
-            raise ValueError(
-                f"trainer.global_step={global_step} is not a multiple of steps_per_batch={self.steps_per_batch}: "
-                "the checkpoint is not at a batch boundary, or steps_per_batch differs from the optimizer steps "
-                "the module takes per batch"
-            )
-        return global_step // self.steps_per_batch
+        return 0 if self.trainer is None else lightning_loop.batch_step(self.trainer)
 
     def train_dataloader(self) -> DataLoader:
         states = self._loaded(self.train_states)

@@ -1,4 +1,4 @@
-"""The Lightning loop state memr1's resume reads and edits (memr1/callbacks/lightning_loop.py), checked
+"""The Lightning loop state memr1's resume reads and edits (memr1/lightning_loop.py), checked
 against the installed Lightning on a real two-step fit of a one-parameter module: a change of shape
 in Lightning fails here, in seconds, before the slow fault tests would notice."""
 
@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader
 
-from memr1.callbacks import lightning_loop
+from memr1 import lightning_loop
 
 
 class OneWeight(LightningModule):
@@ -81,3 +81,10 @@ def test_another_lightning_minor_is_refused():
     lightning_loop.check_version("2.6.9")
     with pytest.raises(RuntimeError, match="written for 2.6.x"):
         lightning_loop.check_version("2.7.0")
+
+
+def test_a_batch_must_advance_the_global_step_by_exactly_one():
+    lightning_loop.check_one_step(4, 5)
+    for after in (4, 6):  # a step dropped, or a second optimiser step through Lightning
+        with pytest.raises(RuntimeError, match=f"from 4 to {after}: memr1's modules take one"):
+            lightning_loop.check_one_step(4, after)

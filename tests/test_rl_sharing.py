@@ -142,6 +142,7 @@ def test_a_non_finite_gradient_is_dropped_and_counted(tokenizer):
     assert math.isnan(module._step(optimizer, model))  # the norm is returned, the step is not taken
     assert module.skipped_steps == 1
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert not optimizer.state  # stepped without gradients (so that Lightning counts it): no moment moved
     for param in model.parameters():
         param.grad = torch.ones_like(param)
     module._step(optimizer, model)

@@ -212,13 +212,13 @@ def test_ddp_ranks_split_every_batch(conversations, teachers) -> None:
 
 
 class Recorder(LightningModule):
-    """Records the manager states of each batch; takes `optimizers` optimizer steps per batch, as an RL
-    module with an actor and a critic does."""
+    """Records the manager states of each batch; takes one optimizer step per batch, as memr1's
+    modules do (`memr1.lightning_loop`)."""
 
-    def __init__(self, optimizers: int) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self.automatic_optimization = False
-        self.weights = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(1)) for _ in range(optimizers)])
+        self.weights = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(1))])
         self.seen: list[list[tuple[str, str]]] = []
 
     def transfer_batch_to_device(self, batch: list[ManagerState], device: torch.device, dataloader_idx: int) -> list:
@@ -238,27 +238,20 @@ class Recorder(LightningModule):
         return [torch.optim.SGD([weight], lr=0.1) for weight in self.weights]
 
 
-def fit(
-    tmp_path: Path,
-    embedder: Embedder,
-    steps_per_batch: int,
-    ckpt_path: Path | None = None,
-    optimizers: int | None = None,
-) -> list:
+def fit(tmp_path: Path, embedder: Embedder, ckpt_path: Path | None = None) -> list:
     """Train a Recorder for 6 batches (checkpoints every 3) and return the batches it saw."""
     data = RLStatesDataModule(
-        locomo_args(), "manager", RECIPE, tmp_path, window=2, batch_size=3, seed=7,
-        steps_per_batch=steps_per_batch, embedder=embedder,
+        locomo_args(), "manager", RECIPE, tmp_path, window=2, batch_size=3, seed=7, embedder=embedder,
     )
-    module = Recorder(optimizers or steps_per_batch)
+    module = Recorder()
     trainer = Trainer(
-        max_steps=6 * steps_per_batch,
+        max_steps=6,
         accelerator="cpu",
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
-        callbacks=[ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=3 * steps_per_batch, save_top_k=-1)],
+        callbacks=[ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1)],
     )
     try:
         trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
@@ -268,25 +261,15 @@ def fit(
     return module.seen
 
 
-@pytest.mark.parametrize("steps_per_batch", [1, 2])
-def test_resumed_training_sees_the_batches_of_an_unbroken_run(
-    tmp_path: Path, embedder: Embedder, steps_per_batch: int
-) -> None:
-    unbroken = fit(tmp_path, embedder, steps_per_batch)
+def test_resumed_training_sees_the_batches_of_an_unbroken_run(tmp_path: Path, embedder: Embedder) -> None:
+    unbroken = fit(tmp_path, embedder)
     assert len(unbroken) == 6 and all(len(batch) == 3 for batch in unbroken)
     # 4 manager states in mini-1, batches of 3: one batch per pass, each pass a new permutation.
     assert unbroken[:3] != unbroken[3:]  # so that restarting from step 0 could not pass for a resume
-    checkpoint = tmp_path / "ckpt" / f"epoch=0-step={3 * steps_per_batch}.ckpt"
+    checkpoint = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
     assert checkpoint.is_file()
-    resumed = fit(tmp_path, embedder, steps_per_batch, ckpt_path=checkpoint)
+    resumed = fit(tmp_path, embedder, ckpt_path=checkpoint)
     assert resumed == unbroken[3:]
-
-
-def test_a_trainer_stepping_slower_than_declared_stops_with_an_error(tmp_path: Path, embedder: Embedder) -> None:
-    # One optimizer step per batch where two were declared: after the 6 batches the trainer is only at
-    # global step 6 of 12 and starts a second epoch, which must not replay batches or spin.
-    with pytest.raises(RuntimeError, match="iterated at batch step 3, but this loader serves steps range.0, 6."):
-        fit(tmp_path, embedder, steps_per_batch=2, optimizers=1)
 
 
 def test_data_module_exposes_counts_mapping_and_validation_answer_states(

@@ -3,7 +3,7 @@
 SIGTERM / SIGINT stop a run at its next safe point with a checkpoint; a checkpoint taken before a due
 validation has run (or while it runs) makes the resumed run run that validation in full, where
 Lightning would otherwise skip it. What this needs of Lightning's loop internals is in
-`memr1.callbacks.lightning_loop`, the one module that touches them.
+`memr1.lightning_loop`, the one module that touches them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from memr1 import interrupt
-from memr1.callbacks import lightning_loop
+from memr1 import lightning_loop
 
 log = logging.getLogger(__name__)
 

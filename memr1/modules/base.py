@@ -31,6 +31,7 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import nn
 
+from memr1 import lightning_loop
 from memr1.envs.base import Environment, Reward
 from memr1.faults import fault_point
 from memr1.interrupt import raise_if_requested
@@ -101,6 +102,7 @@ class RLModule(LightningModule):
         self._reuse_sampler_logprobs = engine is None and precision.is_fp32
         self.automatic_optimization = False
         self.skipped_steps = 0  # optimiser steps dropped for a non-finite gradient norm
+        self._step_at_batch_start = 0  # the global step when the current training batch began
         self.last_step: StepOutput | None = None  # the last training step's output (what its callbacks got)
         self.stage_seconds = StageSeconds()  # of the current step: rollout, reward, update, ...
         self._sharded = False  # FSDP2 shards the models (configure_model, under trainer=fsdp)
@@ -319,8 +321,8 @@ class RLModule(LightningModule):
 
     def step_actor(self, last: bool) -> float:
         # Lightning counts every LightningOptimizer.step as a global step; one RL step is one rollout
-        # batch, so only the batch's last actor step goes through it, the others (earlier mini-batches)
-        # step the wrapped torch optimiser directly.
+        # batch (`lightning_loop`), so only the batch's last actor step goes through it, the others
+        # (earlier mini-batches) step the wrapped torch optimiser directly.
         actor = self._optimizers()[0]
         return self._step(actor if last else actor.optimizer, self.policy)
 
@@ -330,13 +332,15 @@ class RLModule(LightningModule):
 
     def _step(self, optimizer: Any, module: nn.Module) -> float:
         """Clip and step; a gradient whose norm is not finite is dropped and counted instead (verl's
-        `_optimizer_step`): one bad batch must not turn the weights into NaN."""
+        `_optimizer_step`): one bad batch must not turn the weights into NaN. The step is still taken,
+        without gradients (AdamW leaves a parameter without one untouched), so that Lightning counts
+        it: one global step per batch (`lightning_loop`)."""
         params = [p for p in module.parameters() if p.requires_grad]
         norm = clip_grad_norm(params, self.algo.grad_clip)
-        if torch.isfinite(norm):
-            optimizer.step()
-        else:
+        if not torch.isfinite(norm):
             self.skipped_steps += 1
+            optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
@@ -379,6 +383,10 @@ class RLModule(LightningModule):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         fault_point("train_step")
         raise_if_requested()
+        self._step_at_batch_start = self.global_step
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        lightning_loop.check_one_step(self._step_at_batch_start, self.global_step)
 
     def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         fault_point("validation_batch")

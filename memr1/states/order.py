@@ -97,7 +97,7 @@ class StepBatches(IterableDataset[list[Any]]):
         if self.current_step is not None and (current := self.current_step()) != self.steps.start:
             raise RuntimeError(
                 f"StepBatches: iterated at batch step {current}, but this loader serves steps {self.steps}; "
-                "the trainer went on past them (is steps_per_batch the number of optimizer steps per batch?)"
+                "the trainer went on past them (memr1.lightning_loop: one optimizer step per batch)"
             )
         for step in self.steps:
             yield [self.states[index] for index in self.indices(step)]

@@ -1,5 +1,10 @@
 """Every contact memr1 has with Lightning's fit-loop internals, in one place.
 
+One global step per rollout batch: Lightning counts a global step at every `LightningOptimizer.step`,
+and memr1's modules step through it once per batch (`RLModule.step_actor`, the SFT step), so the
+trainer's global step is the batch step the data order is keyed by (`batch_step`), and a module that
+stepped otherwise is stopped at the end of that batch (`check_one_step`).
+
 A resume that loses nothing needs three things Lightning does not expose: whether a validation is due
 at the end of the current step (`validation_due`), how many validation batches have run
 (`validation_batches_done`), and two edits of the loop state a checkpoint records
@@ -24,7 +29,7 @@ def check_version(version: str = lightning.__version__) -> None:
     """Refuse a Lightning other than the one these loop edits were written for."""
     if version.split(".")[:2] != WRITTEN_FOR.split("."):
         raise RuntimeError(
-            f"lightning {version}: memr1's resume logic (memr1/callbacks/lightning_loop.py) was written for "
+            f"lightning {version}: memr1's resume logic (memr1/lightning_loop.py) was written for "
             f"{WRITTEN_FOR}.x, whose loop state it reads and edits; install lightning>={WRITTEN_FOR},<2.7"
         )
 
@@ -38,6 +43,20 @@ def validation_due(trainer: Trainer) -> bool:
 def validation_batches_done(trainer: Trainer) -> int:
     """Validation batches completed so far in the run (all validations)."""
     return trainer.fit_loop.epoch_loop.val_loop.batch_progress.total.completed
+
+
+def batch_step(trainer: Trainer) -> int:
+    """The rollout batch training stands at (the next batch's step in the training order)."""
+    return trainer.global_step
+
+
+def check_one_step(step_before: int, step_after: int) -> None:
+    """Refuse a training batch that did not advance the global step by exactly one."""
+    if step_after != step_before + 1:
+        raise RuntimeError(
+            f"a training batch took the global step from {step_before} to {step_after}: memr1's modules take one "
+            "Lightning optimiser step per batch (the data order and resume are keyed by it; lightning_loop.py)"
+        )
 
 
 def fit_loop_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
