@@ -34,8 +34,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from memr1.pipeline.compare import Comparison, compare_runs
-from memr1.pipeline.report_file import LEXICAL_COLUMNS, REPORT_FILE, EvalReport
+from memr1.pipeline.report_file import REPORT_FILE
+from memr1.pipeline.tables import ScoredRun, compare_labelled, scores_against_base
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ROOT / "conf" / "pipeline"
@@ -181,55 +181,32 @@ def _run_forwarding_signals(command: list[str]) -> int:
             signal.signal(sig, handler)
 
 
-REPORT_COLUMNS = (*LEXICAL_COLUMNS, ("format_error_rate", "format errors %"), ("mean_answer_words", "mean words"))
-
-
-@dataclass(frozen=True)
-class ReportRow:
-    label: str
-    directory: Path
-    report: EvalReport
-
-
-def report_rows(schedule: Schedule) -> list[ReportRow]:
+def report_rows(schedule: Schedule) -> list[ScoredRun]:
     """Every finished stage marked `report` (its label, directory and report.json), in schedule order."""
-    rows = []
-    for stage in schedule.stages:
-        directory = schedule.root / stage.name
-        if stage.report and (directory / REPORT_FILE).is_file():
-            rows.append(ReportRow(stage.report, directory, EvalReport.read(directory)))
-    return rows
+    return [
+        ScoredRun.read(stage.report, schedule.root / stage.name)
+        for stage in schedule.stages
+        if stage.report and (schedule.root / stage.name / REPORT_FILE).is_file()
+    ]
 
 
 def report_table(schedule: Schedule) -> str:
-    """The closing table (see the module docstring): each row's scores, its F1 against the first row's
-    paired over the same questions with a 95% interval (`memr1 compare`), and a sentence for each
-    comparison; "" when no stage reports."""
+    """The closing table (see the module docstring; `memr1.pipeline.tables`), a sentence per comparison
+    and the training stages' probe rewards; "" when no stage reports."""
     rows = report_rows(schedule)
     if not rows:
         return ""
-    base = rows[0]
-    header = "| agent | " + " | ".join(title for _, title in REPORT_COLUMNS) + f" | ΔF1 vs {base.label} [95% CI] | wall s |"
-    lines = [header, "|" + "---|" * (len(REPORT_COLUMNS) + 3)]
-    against_base = {row.label: compare_runs(base.directory, row.directory) for row in rows[1:]}
-    for row in rows:
-        scores = row.report.scores
-        cells = [f"{float(scores.get(key, float('nan'))):.2f}" for key, _ in REPORT_COLUMNS]
-        delta = against_base[row.label].overall["f1"].interval.text() if row.label in against_base else "base"
-        wall = row.report.wall_time_s
-        lines.append(f"| {row.label} | " + " | ".join(cells) + f" | {delta} | {'' if wall is None else wall} |")
-    questions = int(base.report.scores.get("count", 0))
-    split = base.report.split
-    lines.append("")
-    lines.append(f"{questions} {split} questions, greedy decoding, the same questions and banks in every row; "
-                 "Δ paired over the questions, its 95% interval by bootstrap.")
-    for row in rows[1:]:
-        lines.append(_sentence(row.label, base.label, against_base[row.label]))
-    directories = {row.label: row.directory for row in rows}
+    table, comparisons = scores_against_base(rows)
+    base = rows[0].report
+    lines = [table, ""]
+    lines.append(f"{int(base.scores.get('count', 0))} {base.split} questions, greedy decoding, the same questions and banks in "
+                 "every row; Δ paired over the questions, its 95% interval by bootstrap.")
+    lines += [comparison.verdict() for comparison in comparisons]
+    by_label = {row.label: row for row in rows}
     for stage in schedule.stages:
-        if stage.versus in directories and stage.report in directories:
-            comparison = compare_runs(directories[stage.versus], directories[stage.report])
-            lines.append(_sentence(stage.report, f"{stage.versus}, the agent it was trained from", comparison))
+        if stage.versus in by_label and stage.report in by_label:
+            start = by_label[stage.versus]
+            lines.append(compare_labelled(start, by_label[stage.report], f"{start.label}, the agent it was trained from").verdict())
     for stage in schedule.stages:
         probes = probe_rewards(schedule.root / stage.name) if stage.script == "train.py" else []
         if len(probes) > 1:
@@ -245,10 +222,3 @@ def probe_rewards(run_dir: Path) -> list[tuple[int, float]]:
         return []
     with path.open(newline="") as file:
         return [(int(row["step"]), float(row["train/probe_reward"])) for row in csv.DictReader(file) if row.get("train/probe_reward")]
-
-
-def _sentence(label: str, other: str, comparison: Comparison) -> str:
-    """"B beats A" only when the interval excludes 0; the answers that changed say how far B moved."""
-    interval = comparison.overall["f1"].interval
-    verb = {"B better": "beats", "A better": "is worse than"}.get(interval.verdict(), "is within noise of")
-    return (f"{label} {verb} {other}: F1 {interval.text()}; {comparison.changed} of {comparison.common} answers differ.")

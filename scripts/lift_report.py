@@ -48,9 +48,9 @@ from rich.table import Table
 
 from memr1.datasets.registry import category_names
 from memr1.metrics.lexical import token_f1
-from memr1.pipeline.compare import Comparison, compare_runs
 from memr1.pipeline.compare import markdown as comparison_markdown
 from memr1.pipeline.report_file import DISTILL_COLUMNS, LEXICAL_COLUMNS, NO_MEMORY_LIST, EvalReport
+from memr1.pipeline.tables import ScoredRun, cell, compare_labelled, markdown_table, number
 
 SCORES = LEXICAL_COLUMNS
 LENGTH_BUCKETS = ("0", "1", "2", "3", "4", "5", "6", "7-10", "11-20", ">20")
@@ -206,9 +206,9 @@ def parse_pair(text: str) -> tuple[str, str]:
 def compare_labels(base: str, trained: str, paths: Mapping[str, Path], seed: int) -> tuple[dict, str]:
     """`trained` against `base`, paired over the questions both answered (`memr1 compare`): its JSON
     (labels for run names) and its markdown table with the verdict."""
-    comparison: Comparison = compare_runs(paths[base], paths[trained], seed=seed)
-    comparison.run_a, comparison.run_b = base, trained
-    names = category_names(EvalReport.read(paths[base]).settings["data"])
+    base_run = ScoredRun.read(base, paths[base])
+    comparison = compare_labelled(base_run, ScoredRun.read(trained, paths[trained]), seed=seed)
+    names = category_names(base_run.report.settings["data"])
     return comparison.to_json() | {"verdict": comparison.verdict()}, comparison_markdown(comparison, names)
 
 
@@ -323,24 +323,6 @@ def train_summary(spec: RunSpec, command: str | None) -> dict:
 # --- markdown ----------------------------------------------------------------------------------
 
 
-def cell(value: object, limit: int | None = None) -> str:
-    """`value` as one markdown table cell: no newlines, pipes escaped, optionally shortened."""
-    text = " ".join(str(value).split())
-    if limit is not None and len(text) > limit:
-        text = text[: limit - 1] + "…"
-    return text.replace("|", "\\|")
-
-
-def number(value: float | None, digits: int = 2) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
-
-
-def table(header: Sequence[str], align: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def scores_table(rows: Sequence[dict]) -> str:
     header = ["Run", "n", *(title for _, title in SCORES), "Format errors %", "No memory list %", *(title for _, title in DISTILL_COLUMNS),
               "Mean words", "Banks", "Manager format errors", "Memories in the banks", "Wall time (min)"]
@@ -360,7 +342,7 @@ def scores_table(rows: Sequence[dict]) -> str:
         ]
         for row in rows
     ]
-    return table(header, ["---", "---:", *["---:"] * (len(SCORES) + len(DISTILL_COLUMNS) + 3), "---", *["---:"] * 3], body)
+    return markdown_table(header, ["---", "---:", *["---:"] * (len(SCORES) + len(DISTILL_COLUMNS) + 3), "---", *["---:"] * 3], body)
 
 
 def category_table(rows: Sequence[dict]) -> str:
@@ -373,12 +355,12 @@ def category_table(rows: Sequence[dict]) -> str:
         [cell(row["label"]), *(number(row["per_category"].get(str(c), {}).get("f1")) for c in categories), number(row["f1"])]
         for row in rows
     ]
-    return table(["Run (F1)", *(names[c] for c in categories), "Overall"], ["---", *["---:"] * (len(categories) + 1)], body)
+    return markdown_table(["Run (F1)", *(names[c] for c in categories), "Overall"], ["---", *["---:"] * (len(categories) + 1)], body)
 
 
 def length_table(rows: Sequence[dict]) -> str:
     body = [[cell(row["label"]), *(number(row["length_distribution"]["percent"][b], 1) for b in LENGTH_BUCKETS)] for row in rows]
-    return table(["Run (% of answers by word count)", *LENGTH_BUCKETS], ["---", *["---:"] * len(LENGTH_BUCKETS)], body)
+    return markdown_table(["Run (% of answers by word count)", *LENGTH_BUCKETS], ["---", *["---:"] * len(LENGTH_BUCKETS)], body)
 
 
 def samples_table(samples: Sequence[dict]) -> str:
@@ -391,7 +373,7 @@ def samples_table(samples: Sequence[dict]) -> str:
         ]
         for s in samples
     ]
-    return table(["Question", "Gold", "Base", "Trained"], ["---"] * 4, body)
+    return markdown_table(["Question", "Gold", "Base", "Trained"], ["---"] * 4, body)
 
 
 def training_table(runs: Sequence[dict]) -> str:
@@ -425,7 +407,7 @@ def training_table(runs: Sequence[dict]) -> str:
         "format errors % (first → last ¼)",
         "Best val @ step",
     ]
-    return table(header, ["---", *["---:"] * (len(header) - 1)], body)
+    return markdown_table(header, ["---", *["---:"] * (len(header) - 1)], body)
 
 
 def markdown(report: dict) -> str:

@@ -60,7 +60,7 @@ def test_two_runs_are_paired_over_the_questions_both_answered(tmp_path):
     n2, category2 = comparison.by_category[2]
     assert (n1, category1["f1"].interval.delta, n2, category2["f1"].interval.delta) == (2, 50.0, 1, 100.0)
     assert category2["f1"].interval.verdict() == "B better"
-    assert f"{comparison.run_b} within noise of {comparison.run_a}: F1 +66.67 [+0.00, +100.00] over 3 paired questions" in comparison.verdict()
+    assert comparison.verdict() == f"{comparison.run_b} is within noise of {comparison.run_a}: F1 +66.67 [+0.00, +100.00]; 2 of 3 answers differ."
 
 
 def test_the_command_prints_the_table_and_writes_json(tmp_path, capsys):
@@ -69,7 +69,7 @@ def test_the_command_prints_the_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "compare.json"
     assert main(["compare", str(a), str(b), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "+100.00 [+100.00, +100.00] (B better)" in printed and f"{b} better than {a}" in printed
+    assert "+100.00 [+100.00, +100.00] (B better)" in printed and f"{b} beats {a}: F1 +100.00 [+100.00, +100.00]" in printed
     assert json.loads(out.read_text())[0]["overall"]["f1"]["verdict"] == "B better"
 
 

@@ -81,13 +81,12 @@ class Comparison:
     by_category: dict[int, tuple[int, dict[str, MetricRow]]] = field(default_factory=dict)
 
     def verdict(self, metric: str = "f1") -> str:
-        """The overall verdict on `metric`, in words that name the runs."""
-        row = self.overall[metric]
-        words = row.interval.verdict()
-        named = {"B better": f"{self.run_b} better than {self.run_a}", "A better": f"{self.run_a} better than {self.run_b}",
-                 "within noise": f"{self.run_b} within noise of {self.run_a}"}
-        return (f"{named[words]}: {TITLES[metric]} {row.interval.text()} over {self.common} paired questions, "
-                f"{self.changed} answers differ")
+        """One sentence naming the runs: B beats A, is worse than A, or is within noise of A ("beats"
+        only when the paired interval excludes 0), the difference with its interval, and how many of
+        the common answers changed (how far B moved)."""
+        interval = self.overall[metric].interval
+        verb = {"B better": "beats", "A better": "is worse than"}.get(interval.verdict(), "is within noise of")
+        return f"{self.run_b} {verb} {self.run_a}: {TITLES[metric]} {interval.text()}; {self.changed} of {self.common} answers differ."
 
     def to_json(self) -> dict[str, Any]:
         def rows(metrics: Mapping[str, MetricRow]) -> dict[str, Any]:
@@ -173,4 +172,4 @@ def markdown(comparison: Comparison, category_names: Mapping[int, str] | None = 
     left_out = ""
     if comparison.only_a or comparison.only_b:
         left_out = f" Left out: {comparison.only_a} questions only A answered, {comparison.only_b} only B."
-    return f"A = {comparison.run_a}, B = {comparison.run_b}.{left_out}\n\n" + "\n".join(lines) + f"\n\n{comparison.verdict()}."
+    return f"A = {comparison.run_a}, B = {comparison.run_b}.{left_out}\n\n" + "\n".join(lines) + f"\n\n{comparison.verdict()}"
