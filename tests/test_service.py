@@ -228,6 +228,19 @@ def test_the_openai_client_lists_models_chats_and_streams(service):
     assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == reply.choices[0].message.content
     assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices and chunk.choices[0].finish_reason] == ["length"]
     assert chunks[-1].usage.total_tokens == reply.usage.total_tokens
+    # Token by token: a longer reply comes in several content chunks that add up to the plain reply,
+    # and with a stop string, none of it past the cut.
+    question = [{"role": "user", "content": "Tell me about Ann"}]
+    whole = client.chat.completions.create(model="any", messages=question, max_tokens=12, temperature=0).choices[0].message.content
+    pieces = [c.choices[0].delta.content for c in client.chat.completions.create(
+        model="any", messages=question, max_tokens=12, temperature=0, stream=True) if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 2 and "".join(pieces) == whole
+    assert len(whole) >= 8, whole  # the tiny model's greedy reply, long enough to cut inside
+    stop = whole[4:6]
+    cut = client.chat.completions.create(model="any", messages=question, max_tokens=12, temperature=0, stop=[stop]).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="any", messages=question, max_tokens=12, temperature=0, stop=[stop], stream=True) if c.choices)
+    assert streamed == cut == whole[: whole.index(stop)]
     # Sampling is honoured: the same seed gives the same sample.
     sampled = [
         client.chat.completions.create(model="any", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=1.0, seed=7).choices[0].message.content

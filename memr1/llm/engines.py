@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -174,10 +174,16 @@ class HFEngine:
     records_trunk = True  # its own decoding loop reads every layer's output as it goes
 
     def generate(
-        self, prompts: Sequence[Prompt], sampling: SamplingConfig, trunk_depth: int = 0
+        self,
+        prompts: Sequence[Prompt],
+        sampling: SamplingConfig,
+        trunk_depth: int = 0,
+        on_token: Callable[[int, int, int], None] | None = None,
     ) -> list[list[Generation]]:
         """`trunk_depth`: also record the output of decoder layer `trunk_depth - 1` at every token
-        the model reads (each prompt token, each response token but the last) as `trunk_hidden`."""
+        the model reads (each prompt token, each response token but the last) as `trunk_hidden`.
+        `on_token(prompt index, sample index, token id)`: called for each token as it is chosen (a
+        stream's source; the returned generations are the same)."""
         prompt_ids = encode_prompts(self.tokenizer, prompts)
         # One request per (prompt, sample); sorting by length keeps the padding in each batch small.
         requests = sorted(
@@ -201,8 +207,9 @@ class HFEngine:
                     if not batch:
                         self._generate_batch([[self.tokenizer.pad_token_id]], sampling, generator, trunk_depth)
                         continue
+                    per_row = None if on_token is None else (lambda row, token, batch=batch: on_token(*batch[row], token))
                     generations = self._generate_batch(
-                        [prompt_ids[index] for index, _ in batch], sampling, generator, trunk_depth
+                        [prompt_ids[index] for index, _ in batch], sampling, generator, trunk_depth, per_row
                     )
                     for (index, sample), generation in zip(batch, generations, strict=True):
                         results[index][sample] = generation
@@ -216,11 +223,13 @@ class HFEngine:
         sampling: SamplingConfig,
         generator: torch.Generator | None,
         trunk_depth: int = 0,
+        on_token: Callable[[int, int], None] | None = None,
     ) -> list[Generation]:
+        """`on_token(row, token)`: each token as it is chosen, by the row of `prompts`."""
         if not trunk_depth:
-            return self._decode(prompts, sampling, generator, None)
+            return self._decode(prompts, sampling, generator, None, on_token)
         with record_trunk(self.model, trunk_depth) as recorded:
-            return self._decode(prompts, sampling, generator, recorded)
+            return self._decode(prompts, sampling, generator, recorded, on_token)
 
     def _decode(
         self,
@@ -228,6 +237,7 @@ class HFEngine:
         sampling: SamplingConfig,
         generator: torch.Generator | None,
         recorded: list[torch.Tensor] | None,
+        on_token: Callable[[int, int], None] | None = None,
     ) -> list[Generation]:
         """Decode one batch; `recorded` (filled by `record_trunk` at each forward) becomes each
         row's `trunk_hidden`."""
@@ -269,7 +279,7 @@ class HFEngine:
         for step in range(sampling.max_new_tokens):
             raise_if_requested()  # a stop signal ends a long rollout within one decoding step
             if not idle:
-                keep = self._choose(logits, active, responses, logprobs, constraints, sampling, generator)
+                keep = self._choose(logits, active, responses, logprobs, constraints, sampling, generator, on_token)
             done = idle or not keep or step == sampling.max_new_tokens - 1
             if all_ranks_done(done, device) if self.lockstep else done:
                 break
@@ -310,9 +320,11 @@ class HFEngine:
         constraints: list[Any] | None,
         sampling: SamplingConfig,
         generator: torch.Generator | None,
+        on_token: Callable[[int, int], None] | None = None,
     ) -> list[int]:
         """Choose each active row's next token from `logits` (one row per active row), append it and
-        its log-prob; return the positions (in `active`) of the rows that go on decoding."""
+        its log-prob (and tell `on_token`); return the positions (in `active`) of the rows that go on
+        decoding."""
         logits = logits.float()
         if constraints is not None:  # only what each row's grammar allows next (EOS once it is complete)
             for position, row in enumerate(active):
@@ -326,6 +338,8 @@ class HFEngine:
         for position, (row, token, logprob) in enumerate(zip(active, chosen.tolist(), chosen_logprobs.tolist(), strict=True)):
             responses[row].append(token)
             logprobs[row].append(logprob)
+            if on_token is not None:
+                on_token(row, token)
             if token in self.eos_token_ids or self._hit_stop(responses[row], sampling.stop):
                 continue
             if constraints is not None:

@@ -5,8 +5,9 @@ endpoint. Each call is greedy; one lock per local model, which is not safe to ca
 from __future__ import annotations
 
 import dataclasses
+import queue
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -51,6 +52,12 @@ class TextModel(Protocol):
         """One reply to `messages`, decoded as `sampling` says (temperature, top_p, stop, seed, budget),
         and JSON when `response_format` says so."""
 
+    def chat_stream(
+        self, messages: Messages, sampling: SamplingConfig, response_format: ResponseFormat | None = None
+    ) -> Iterator[str | Completion]:
+        """`chat`'s reply as it is decoded: text pieces, each continuing the last, then the `Completion`
+        (whose text the pieces add up to). Bad settings raise here, before the first piece."""
+
 
 class LocalModel:
     """A causal LM loaded in this process through an HF generation engine."""
@@ -62,11 +69,14 @@ class LocalModel:
         import torch
 
         from memr1.factories import build_engine, frozen_policy
+        from memr1.llm.engines import HFEngine
         from memr1.llm.precision import choose_precision
 
         model, tokenizer = frozen_policy(name_or_path, dtype, adapter)
         compute = choose_precision(precision, next(model.parameters()).device if torch.cuda.is_available() else "cpu")
-        self.engine = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=batch_size, precision=compute)
+        engine = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=batch_size, precision=compute)
+        assert isinstance(engine, HFEngine)  # engine="hf": a stream reads its tokens as they are chosen
+        self.engine = engine
         self.name = f"{name_or_path}+{adapter}" if adapter else str(name_or_path)
         self._lock = threading.Lock()
         self._grammars: Any = None  # JSONGrammars, made on the first JSON request (xgrammar's tables)
@@ -77,11 +87,68 @@ class LocalModel:
         return [samples[0].text for samples in outputs]
 
     def chat(self, messages: Messages, sampling: SamplingConfig, response_format: ResponseFormat | None = None) -> Completion:
+        return self._reply(messages, self._constrained(sampling, response_format))
+
+    def chat_stream(
+        self, messages: Messages, sampling: SamplingConfig, response_format: ResponseFormat | None = None
+    ) -> Iterator[str | Completion]:
+        sampling = self._constrained(sampling, response_format)  # a bad schema raises now, not mid-stream
+        return self._stream(messages, sampling)
+
+    def _constrained(self, sampling: SamplingConfig, response_format: ResponseFormat | None) -> SamplingConfig:
+        if response_format is None:
+            return sampling
         with self._lock:
-            if response_format is not None:
-                sampling = dataclasses.replace(sampling, constraint=self._json_constraint(response_format))
-            reply = self.engine.generate([messages], sampling)[0][0]
+            return dataclasses.replace(sampling, constraint=self._json_constraint(response_format))
+
+    def _reply(self, messages: Messages, sampling: SamplingConfig, on_token: Callable[[int, int, int], None] | None = None) -> Completion:
+        with self._lock:
+            reply = self.engine.generate([messages], sampling, on_token=on_token)[0][0]
         return Completion(reply.text, reply.finish_reason, len(reply.prompt_ids), len(reply.response_ids))
+
+    def _stream(self, messages: Messages, sampling: SamplingConfig) -> Iterator[str | Completion]:
+        """Decode in a thread, turning its tokens into text as they come. A piece is held back while
+        it could still turn out to be the start of a stop string (the reply is cut before it) or ends
+        in a character whose bytes have not all come. Closing the stream (the client left) stops the
+        decoding at its next token."""
+        events: queue.Queue[int | Completion | BaseException] = queue.Queue()
+        left = threading.Event()
+
+        def chosen(prompt: int, sample: int, token: int) -> None:
+            if left.is_set():
+                raise _ClientLeft
+            events.put(token)
+
+        def decode() -> None:
+            try:
+                events.put(self._reply(messages, sampling, on_token=chosen))
+            except _ClientLeft:
+                pass
+            except BaseException as error:  # noqa: BLE001 - handed to the consumer, which raises it
+                events.put(error)
+
+        threading.Thread(target=decode, name="memr1-stream", daemon=True).start()
+        held = max((len(stop) for stop in sampling.stop), default=0)
+        tokens: list[int] = []
+        sent = ""
+        try:
+            while True:
+                event = events.get()
+                if isinstance(event, BaseException):
+                    raise event
+                if isinstance(event, Completion):
+                    if len(event.text) > len(sent) and event.text.startswith(sent):
+                        yield event.text[len(sent) :]
+                    yield event
+                    return
+                tokens.append(event)
+                text = self.engine.tokenizer.decode(tokens, skip_special_tokens=True)
+                ready = text[: len(text) - held].rstrip("\ufffd")
+                if len(ready) > len(sent) and ready.startswith(sent):
+                    yield ready[len(sent) :]
+                    sent = ready
+        finally:
+            left.set()
 
     def _json_constraint(self, response_format: ResponseFormat) -> Any:
         if self._grammars is None:
@@ -95,6 +162,10 @@ class LocalModel:
         if response_format.kind == "json_object":
             return self._grammars.json_object()
         return self._grammars.json_schema(response_format.schema or {})
+
+
+class _ClientLeft(Exception):
+    """Raised in a streaming decode whose client closed the stream."""
 
 
 class RemoteModel:
@@ -115,6 +186,13 @@ class RemoteModel:
         usage = usage or {}
         finish = "length" if choice.get("finish_reason") == "length" else "stop"
         return Completion(choice["message"].get("content") or "", finish, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
+
+    def chat_stream(
+        self, messages: Messages, sampling: SamplingConfig, response_format: ResponseFormat | None = None
+    ) -> Iterator[str | Completion]:
+        """The endpoint's reply in one piece (memr1 asks it without streaming), then its `Completion`."""
+        reply = self.chat(messages, sampling, response_format)
+        return iter([reply.text, reply] if reply.text else [reply])
 
 
 def text_model(

@@ -8,8 +8,9 @@ of text parts; `max_tokens` / `max_completion_tokens`, `temperature` (OpenAI's d
 a stream, `stream_options.include_usage`. A request for what the service cannot do (n > 1, log-probs,
 tools, penalties, a logit bias, non-text content parts) is a 400 naming the field. `response_format`
 `json_object` / `json_schema` is enforced by constrained decoding (memr1/llm/constraints.py): the reply
-parses, and fits the schema, unless it was cut at its token budget (`finish_reason` "length"). A stream carries the reply in one content chunk once it is decoded (the local
-engine does not yield tokens as it goes).
+parses, and fits the schema, unless it was cut at its token budget (`finish_reason` "length"). A
+stream carries the reply as the local model decodes it, a content chunk per piece of text (an
+OpenAI-compatible upstream's reply comes in one piece).
 """
 
 from __future__ import annotations
@@ -167,15 +168,15 @@ def openai_router(chat_model: TextModel | None, dependencies: list[Any], errors:
     def chat(request: ChatRequest) -> dict[str, Any] | StreamingResponse:
         model = served()
         messages, sampling, response_format = message_texts(request), sampling_of(request), response_format_of(request)
-        reply: Completion = errors(model.chat, messages, sampling, response_format)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": model.name}
-        usage = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
-                 "total_tokens": reply.prompt_tokens + reply.completion_tokens}
-        if not request.stream:
-            return {**head, "object": "chat.completion", "usage": usage, "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": reply.text}, "finish_reason": reply.finish_reason}]}
-        with_usage = request.stream_options is not None and request.stream_options.include_usage
-        return StreamingResponse(stream_events(head, reply, usage if with_usage else None), media_type="text/event-stream")
+        if request.stream:
+            # Settings are checked (and refused with a 4xx) before the 200 and the first chunk.
+            pieces = errors(model.chat_stream, messages, sampling, response_format)
+            with_usage = request.stream_options is not None and request.stream_options.include_usage
+            return StreamingResponse(stream_events(head, pieces, with_usage), media_type="text/event-stream")
+        reply: Completion = errors(model.chat, messages, sampling, response_format)
+        return {**head, "object": "chat.completion", "usage": usage_of(reply), "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": reply.text}, "finish_reason": reply.finish_reason}]}
 
     return router
 
@@ -212,13 +213,26 @@ def install_error_shapes(app: FastAPI) -> None:
         return respond(request, error.status_code, message, message.split(":", 1)[0] if ":" in message else None, error.detail)
 
 
-def stream_events(head: dict[str, Any], reply: Completion, usage: dict[str, int] | None) -> Iterator[str]:
-    """The reply as `chat.completion.chunk` server-sent events: the role, the content, the finish
-    reason, the usage when asked (with empty choices, as OpenAI sends it), then `[DONE]`."""
+def usage_of(reply: Completion) -> dict[str, int]:
+    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+            "total_tokens": reply.prompt_tokens + reply.completion_tokens}
+
+
+def stream_events(head: dict[str, Any], pieces: Iterator[str | Completion], with_usage: bool) -> Iterator[str]:
+    """The reply as `chat.completion.chunk` server-sent events: the role, a content chunk per piece
+    as it is decoded, the finish reason, the usage when asked (with empty choices, as OpenAI sends
+    it), then `[DONE]`."""
     chunk = {**head, "object": "chat.completion.chunk"}
-    deltas = [({"role": "assistant", "content": ""}, None), ({"content": reply.text}, None), ({}, reply.finish_reason)]
-    for delta, finish in deltas:
-        yield f"data: {json.dumps({**chunk, 'choices': [{'index': 0, 'delta': delta, 'finish_reason': finish}]})}\n\n"
-    if usage is not None:
-        yield f"data: {json.dumps({**chunk, 'choices': [], 'usage': usage})}\n\n"
+
+    def event(delta: dict[str, str], finish: str | None = None) -> str:
+        return f"data: {json.dumps({**chunk, 'choices': [{'index': 0, 'delta': delta, 'finish_reason': finish}]})}\n\n"
+
+    yield event({"role": "assistant", "content": ""})
+    for piece in pieces:
+        if isinstance(piece, str):
+            yield event({"content": piece})
+            continue
+        yield event({}, piece.finish_reason)
+        if with_usage:
+            yield f"data: {json.dumps({**chunk, 'choices': [], 'usage': usage_of(piece)})}\n\n"
     yield "data: [DONE]\n\n"
