@@ -68,6 +68,7 @@ def _sharded_on_rank(rank: int, port: int, results: dict) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two processes
 def test_fsdp2_shards_clips_gathers_and_decodes_as_one_process():
     results = mp.Manager().dict()
     # Forked, not spawned: the workers need nothing re-imported (a spawn re-imports torch and this module).
