@@ -67,8 +67,10 @@ def test_weighting_micro_batches_by_rows_would_have_changed_the_loss_with_the_sp
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy, algo_name, lora",
-    [("ddp", "grpo", True), ("fsdp", "grpo", True), ("fsdp", "ppo", True), ("fsdp", "sft", False)],
-    ids=["ddp-grpo-lora", "fsdp-grpo-lora", "fsdp-ppo-lora", "fsdp-sft-full"],
+    # FSDP2's PPO case covers GRPO's paths too: LoRA, the adapters-disabled reference and its KL, plus a
+    # sharded critic and the advantages whitened over both ranks.
+    [("ddp", "grpo", True), ("fsdp", "ppo", True), ("fsdp", "sft", False)],
+    ids=["ddp-grpo-lora", "fsdp-ppo-lora", "fsdp-sft-full"],
 )
 def test_two_processes_train_as_one_process(tmp_path, tokenizer, strategy, algo_name, lora):
     """Two gloo processes, each with one of the two groups, under the strategy train.py builds for
