@@ -71,8 +71,9 @@ def _sharded_on_rank(rank: int, port: int, results: dict) -> None:
 @pytest.mark.slow  # two processes
 def test_fsdp2_shards_clips_gathers_and_decodes_as_one_process():
     results = mp.Manager().dict()
-    # Forked, not spawned: the workers need nothing re-imported (a spawn re-imports torch and this module).
-    mp.start_processes(_sharded_on_rank, args=(free_port(), results), nprocs=2, join=True, start_method="fork")
+    # Spawned, not forked: a fork of a process whose OpenMP threads have run (the rest of the suite)
+    # can hang in the child's first parallel op.
+    mp.start_processes(_sharded_on_rank, args=(free_port(), results), nprocs=2, join=True, start_method="spawn")
     for rank in (0, 1):
         got = results[rank]
         assert got["sharded"]
