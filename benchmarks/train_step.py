@@ -83,6 +83,7 @@ class StepConfig:
     seed: int
     path: str = "new"  # one of PATHS
     precision: str = "auto"  # the `precision` key: auto (bf16 where the CPU has bf16 units) or fp32
+    round: int = 0  # which pass over the grid (--rounds): ratios compare configurations of one round
 
     @property
     def rows(self) -> int:
@@ -257,8 +258,8 @@ def add_ratios(results: list[dict[str, Any]]) -> None:
     shape): time, step Δ RSS."""
 
     def key(result: dict[str, Any], **changed: Any) -> tuple:
-        names = ("algo", "lora", "group_size", "prompt_length", "response_length", "path", "precision")
-        defaults = {"path": "new", "precision": "auto"}
+        names = ("algo", "lora", "group_size", "prompt_length", "response_length", "path", "precision", "round")
+        defaults = {"path": "new", "precision": "auto", "round": 0}
         fields = {name: result.get(name, defaults.get(name)) for name in names}
         return tuple({**fields, **changed}.values())
 
@@ -316,11 +317,32 @@ def render(results: list[dict[str, Any]], title: str) -> Table:
     return table
 
 
+def ratios_over_rounds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each ratio of a configuration over its baseline, one value per round: the median and the range."""
+    ratio_names = ("ppo_over_grpo", "full_over_lora", "lora_top_over_lora", "new_over_old", "auto_over_fp32")
+    config_names = [name for name in StepConfig.__dataclass_fields__ if name != "round"]
+    per_config: dict[tuple, dict[str, list[float]]] = {}
+    for result in results:
+        config = tuple(result[name] for name in config_names)
+        for name in ratio_names:
+            if name in result:
+                per_config.setdefault(config, {}).setdefault(name, []).append(result[name]["seconds"])
+    summary = []
+    for config, ratios in per_config.items():
+        fields = dict(zip(config_names, config))
+        for name, values in ratios.items():
+            summary.append({"algo": fields["algo"], "lora": mode_label(fields["lora"], fields["top_layers"]),
+                            "precision": fields["precision"], "ratio": name, "per_round": values,
+                            "median": statistics.median(values), "min": min(values), "max": max(values)})
+    return summary
+
+
 def grid(args: argparse.Namespace) -> list[StepConfig]:
     return [
         StepConfig(algo, mode, args.top_layers if mode == "lora-top" else None, group_size, args.states,
                    args.prompt_length, length, args.micro_batch_size, args.repeats, args.old_logprobs, args.seed, path,
-                   precision)
+                   precision, round_index)
+        for round_index in range(args.rounds)
         for mode in dict.fromkeys(args.lora)  # in the order given, repeats dropped
         for group_size in args.group_sizes
         for length in args.response_lengths
@@ -350,6 +372,8 @@ def main() -> None:
                         help="old: one forward per row, 1 thread, entropy graph; new: the defaults")
     parser.add_argument("--precisions", nargs="+", choices=("auto", "fp32", "bf16"), default=["auto"],
                         help="the precision key: auto is bf16 where the CPU has bf16 units (compare with fp32)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="passes over the grid; ratios are taken within a pass and summarised over passes")
     parser.add_argument("--quick", action="store_true", help="grpo, G=2, P=64, L=16, lora + lora-top only")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one StepConfig (JSON) in this process
@@ -364,15 +388,16 @@ def main() -> None:
     if "grpo" in args.algos and min(args.group_sizes) < 2:
         parser.error("--group-sizes: GRPO needs at least 2 samples per state")
     if min(args.response_lengths + [args.prompt_length, args.states, args.micro_batch_size, args.repeats,
-                                    args.top_layers]) < 1:
-        parser.error("lengths, --states, --micro-batch-size, --repeats and --top-layers must be >= 1")
+                                    args.top_layers, args.rounds]) < 1:
+        parser.error("lengths, --states, --micro-batch-size, --repeats, --top-layers and --rounds must be >= 1")
 
     console = Console(width=160)
     print_machine()
     load_before = os.getloadavg()[0]  # timings on a shared machine move with its load: keep it beside them
     results = []
     for config in grid(args):
-        console.log(f"{config.algo} {mode_label(config.lora, config.top_layers)} G={config.group_size} "
+        console.log(f"round {config.round + 1}/{args.rounds}: {config.algo} {mode_label(config.lora, config.top_layers)} "
+                    f"{config.precision} G={config.group_size} "
                     f"rows={config.rows} P={config.prompt_length} L={config.response_length} ...")
         result = run_in_subprocess(config)
         if "error" in result:
@@ -384,11 +409,17 @@ def main() -> None:
     title = (f"one RL step (score + advantages + update, no rollout): SmolLM2-135M, "
              f"micro-batch {args.micro_batch_size}, old log-probs: {args.old_logprobs}")
     console.print(render(results, title))
+    summary = ratios_over_rounds(results)
+    if args.rounds > 1:
+        for row in summary:
+            per_round = ", ".join(f"{value:.2f}" for value in row["per_round"])
+            console.print(f"{row['ratio']} ({row['algo']}, {row['lora']}, {row['precision']}): median "
+                          f"{row['median']:.2f}x over {len(row['per_round'])} rounds ({per_round})")
     console.print(f"{os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
                   f"1-min load average {load_before:.2f} at start, {load_after:.2f} at end")
     if args.out:
         machine = machine_info(load_before, load_after)
-        report = {"machine": machine, "rollout_included": False, "results": results}
+        report = {"machine": machine, "rollout_included": False, "results": results, "ratios_over_rounds": summary}
         args.out.write_text(json.dumps(report, indent=2))
         console.log(f"wrote {args.out}")
 
