@@ -354,6 +354,39 @@ def test_state_survives_close_and_reopen(tmp_path: Path, embedder: Embedder) -> 
             MemoryBank.open(path, "conv_30", embedder)
 
 
+def test_a_bank_in_memory_behaves_like_a_milvus_bank_and_keeps_nothing(tmp_path: Path, embedder: Embedder) -> None:
+    with MemoryBank.open(tmp_path / "banks.db", "conv_30", embedder) as in_milvus, MemoryBank.open(":memory:", "conv_30", embedder) as in_memory:
+        for bank in (in_milvus, in_memory):
+            build_base(bank)
+            bank.restore("m5")
+            bank.apply(MemoryOp(OpKind.DELETE, target_id="m7"))
+        assert snapshot(in_memory) == snapshot(in_milvus)
+        assert all_results(in_memory, {}) == all_results(in_milvus, {})
+        assert in_memory.history("m5") == in_milvus.history("m5")
+        with pytest.raises(MemoryBankError, match="lives in memory"):
+            in_memory.search_in_milvus(embedder.encode(QUERIES[:1])[0])
+        # Two in-memory banks of one name are two banks: nothing is shared, nothing outlives close.
+        with MemoryBank.open(":memory:", "conv_30", embedder) as another:
+            assert len(another) == 0 and another.step == 0
+
+
+@pytest.mark.slow  # a subprocess
+def test_a_bank_in_memory_never_imports_milvus() -> None:
+    script = (
+        "import sys\n"
+        "from memr1.embed import Embedder\n"
+        "from memr1.memory import MemoryBank\n"
+        "from memr1.types import MemoryOp, OpKind\n"
+        "with MemoryBank.open(':memory:', 'conv_26', Embedder()) as bank:\n"
+        "    bank.apply(MemoryOp(OpKind.ADD, 'Caroline moved from Sweden', speaker='Caroline'))\n"
+        "    assert [e.text for e in bank.search('Where is Caroline from?')] == ['Caroline moved from Sweden']\n"
+        "print(sorted(name for name in sys.modules if 'milvus' in name))\n"
+    )
+    finished = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert finished.stdout.strip().splitlines()[-1] == "[]"
+
+
 WRITER = """
 import sys
 from memr1.embed import Embedder

@@ -70,12 +70,13 @@ def bank_name(conversation_id: str) -> str:
 
 @dataclass
 class BuildProgress:
-    """Items consumed per bank and the bank step after the last recorded one, kept in a JSON file."""
+    """Items consumed per bank and the bank step after the last recorded one, kept in a JSON file
+    (`path` None: banks in memory, which a later process rebuilds from the first item)."""
 
-    path: Path
+    path: Path | None
 
     def load(self) -> dict[str, dict[str, int]]:
-        if not self.path.exists():
+        if self.path is None or not self.path.exists():
             return {}
         try:
             return json.loads(self.path.read_text())
@@ -83,6 +84,8 @@ class BuildProgress:
             raise ValueError(f"{self.path}: unreadable build progress ({error}); delete it to rebuild") from None
 
     def save(self, state: dict[str, dict[str, int]]) -> None:
+        if self.path is None:
+            return
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
         os.replace(tmp, self.path)
@@ -92,7 +95,7 @@ def build_banks(
     items: Mapping[str, Sequence[Fact]],
     banks: Mapping[str, MemoryBank],
     policy: MemoryPolicy,
-    progress_file: Path,
+    progress_file: Path | None,
     timer: StageTimer | None = None,
     on_advance: Callable[[int], None] | None = None,
 ) -> dict[str, int]:

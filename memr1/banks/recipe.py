@@ -25,6 +25,7 @@ from memr1.banks.policies import MemoryPolicy
 from memr1.config import BANK_POLICIES
 from memr1.embed import Embedder
 from memr1.memory import BankLockedError, MemoryBank
+from memr1.memory.ephemeral import MEMORY_URI
 from memr1.timing import StageTimer
 from memr1.types import Conversation, Fact, MemoryEntry, MemoryOp
 
@@ -38,6 +39,7 @@ class BankRecipe:
     policy: "add_all", or "manager" (the Memory Manager decides; raw turns are always ADDed).
     writer: the settings of every model that writes memories (the Manager's backbone, checkpoint and
         decoding; the extractor's, for source=llm); empty for ADD-all over the dataset's items.
+    embedder: the sentence-transformers model of the vectors (`banks.embedder`; None: all-MiniLM-L6-v2).
     """
 
     data: str
@@ -45,6 +47,7 @@ class BankRecipe:
     source: str
     policy: str
     writer: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    embedder: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in BANK_POLICIES:
@@ -57,7 +60,10 @@ class BankRecipe:
 
     def signature(self) -> str:
         """The banks' name: "<data>-<source>-<policy>-<digest of the whole recipe>"."""
-        body = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+        recipe = dataclasses.asdict(self)
+        if self.embedder is None:  # the default embedder stays out: banks built before the key keep their names
+            del recipe["embedder"]
+        body = json.dumps(recipe, sort_keys=True, default=str)
         policy = "manager" if self.uses_manager else "add_all"
         return f"{self.data}-{self.source}-{policy}-{hashlib.sha256(body.encode()).hexdigest()[:10]}"
 
@@ -79,16 +85,27 @@ def bank_recipe(cfg: Any) -> BankRecipe:
             "num_candidates": int(manager.num_candidates),
             "max_new_tokens": int(manager.max_new_tokens),
         }
-    return BankRecipe(str(cfg.data.kind), str(cfg.data.path), source, policy, writer)
+    embedder = cfg.banks.embedder
+    return BankRecipe(str(cfg.data.kind), str(cfg.data.path), source, policy, writer, None if embedder is None else str(embedder))
 
 
-def store_location(recipe: BankRecipe, banks_dir: str | Path, uri: str | None) -> tuple[str, Path]:
+def store_location(recipe: BankRecipe, banks_dir: str | Path, uri: str | None) -> tuple[str, Path | None]:
     """(store URI, build-progress file) of `recipe`: a Milvus Lite file `<banks_dir>/<signature>.db`,
-    or the server `uri` with the progress file still under `banks_dir`."""
+    or the server `uri` with the progress file still under `banks_dir`. Banks in memory (":memory:")
+    start empty in every process: no progress file, each build starts from the first item."""
+    if uri == MEMORY_URI:
+        return uri, None
     folder = Path(banks_dir)
     folder.mkdir(parents=True, exist_ok=True)
     signature = recipe.signature()
     return uri or str(folder / f"{signature}.db"), folder / f"{signature}.progress.json"
+
+
+def facts_cache_file(recipe: BankRecipe, banks_dir: str | Path) -> Path:
+    """Where the facts extracted for `recipe`'s banks are cached, whichever store keeps the banks."""
+    folder = Path(banks_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{recipe.signature()}.facts.jsonl"
 
 
 def open_banks(

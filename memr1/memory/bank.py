@@ -26,6 +26,7 @@ from memr1.embed import Embedder
 from memr1.memory.errors import InvalidOpError, MemoryBankError, StaleForkError, UnknownMemoryError
 from memr1.memory.index import Hit, VectorIndex, merge_hits, unit_rows
 from memr1.memory.records import (
+    RecordStore,
     Revision,
     StoredMemory,
     added,
@@ -36,9 +37,10 @@ from memr1.memory.records import (
     updated,
     with_score,
 )
-from memr1.memory.store import WRITE_BATCH, MilvusStore, resolve_uri
+from memr1.memory.ephemeral import MEMORY_URI, EphemeralStore
 from memr1.types import MemoryEntry, MemoryOp, OpKind
 
+WRITE_BATCH = 1_000  # rows per insert request: ~1.6 MB of vectors, far below gRPC's message limit
 _fork_numbers = itertools.count(1)
 # (resolved uri, collection) of every bank open in this process: two bank objects on one collection
 # would each index only their own writes.
@@ -158,7 +160,7 @@ class MemoryBank(MemoryView):
     Open with `MemoryBank.open`; use as a context manager or call `close()`. Not thread-safe.
     """
 
-    def __init__(self, store: MilvusStore, name: str, embedder: Embedder, memories: Iterable[StoredMemory]) -> None:
+    def __init__(self, store: RecordStore, name: str, embedder: Embedder, memories: Iterable[StoredMemory]) -> None:
         self.name = name
         self.embedder = embedder
         self._store = store
@@ -174,7 +176,12 @@ class MemoryBank(MemoryView):
     @classmethod
     def open(cls, uri: str | Path, name: str, embedder: Embedder, *, token: str = "") -> MemoryBank:
         """Open (creating if needed) the bank `name` at `uri`: a Milvus Lite path ending in `.db`
-        (a directory; one process per file, `BankLockedError` otherwise) or a Milvus server URI."""
+        (a directory; one process per file, `BankLockedError` otherwise), a Milvus server URI, or
+        ":memory:" (a new, empty bank that keeps nothing once closed; pymilvus is not imported)."""
+        if str(uri) == MEMORY_URI:
+            return cls(EphemeralStore(name), name, embedder, ())
+        from memr1.memory.store import MilvusStore, resolve_uri  # pymilvus: only for banks kept in Milvus
+
         resolved = resolve_uri(uri)
         if (resolved, name) in _open_banks:
             raise MemoryBankError(f"{resolved}: bank {name!r} is already open in this process: share that MemoryBank")

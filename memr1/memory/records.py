@@ -8,8 +8,9 @@ nothing half-changed.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -48,6 +49,29 @@ class StoredMemory:
     @property
     def id(self) -> str:
         return self.entry.id
+
+
+class RecordStore(Protocol):
+    """Where a bank's records are kept: a Milvus collection (`memr1.memory.store.MilvusStore`) or
+    nowhere beyond the process (`memr1.memory.ephemeral.EphemeralStore`)."""
+
+    uri: str
+
+    def insert(self, memories: Sequence[StoredMemory]) -> None: ...
+
+    def upsert(self, memories: Sequence[StoredMemory]) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def rows(self) -> Iterator[StoredMemory]:
+        """Every stored memory, deleted ones included, in no particular order."""
+        ...
+
+    def search(self, vectors: np.ndarray, speaker: str | None, k: int) -> list[list[tuple[str, float]]]:
+        """The store's own exact search over live rows: vectors (q, dim) -> q lists of (id, score)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 def check_op(op: MemoryOp, bank: str) -> None:

@@ -37,7 +37,6 @@ FIELDS = (
     "id", "vector", "text", "speaker", "timestamp", "provenance", "created_step", "updated_step", "deleted", "history"
 )
 MAX_ID_BYTES = 128
-WRITE_BATCH = 1_000  # rows per insert request: ~1.6 MB of vectors, far below gRPC's message limit
 READ_BATCH = 2_000
 _COLLECTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 # Milvus Lite 3.x keeps an flock on this file inside the .db directory while a process has it open.
@@ -89,7 +88,7 @@ def resolve_uri(uri: str | Path) -> str:
 
 
 class MilvusStore:
-    """Reads and writes the rows of one collection."""
+    """Reads and writes the rows of one collection (a `memr1.memory.records.RecordStore`)."""
 
     def __init__(self, client: MilvusClient, uri: str, collection: str) -> None:
         self.client = client

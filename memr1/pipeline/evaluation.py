@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from memr1.agents.answer import ANSWER_FORMAT_ERRORS
 from memr1.agents.extractor import FactExtractor
 from memr1.banks.build import memory_items
-from memr1.banks.recipe import bank_recipe, open_or_build_banks, store_location
+from memr1.banks.recipe import bank_recipe, facts_cache_file, open_or_build_banks
 from memr1.datasets.locomo_file import load_locomo_split
 from memr1.datasets.registry import category_names, load_dataset
 from memr1.embed import Embedder
@@ -106,8 +106,8 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     banks_cfg = banks_config(cfg)
     precision = run_precision(cfg)
     models = ModelCache(cfg.backbone, cfg.engine, answer.batch_size, precision)
-    embedder = Embedder()
-    facts_cache = store_location(recipe, banks_cfg.dir, banks_cfg.uri)[1].with_suffix(".facts.jsonl")
+    embedder = Embedder(recipe.embedder)
+    facts_cache = facts_cache_file(recipe, banks_cfg.dir)
     items = memory_items_for(cfg, conversations, models, facts_cache, timer)
     with ExitStack() as stack:
         policy = memory_policy(recipe, manager_config(cfg), models.engine)
