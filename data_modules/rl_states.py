@@ -156,7 +156,7 @@ class RLStatesDataModule(LightningDataModule):
         self.locomo.setup()
         train, validation = self.locomo.conversations("train"), self.locomo.conversations("validation")
         if self.embedder is None:
-            self.embedder = Embedder()
+            self.embedder = Embedder(self.recipe.embedder)
         conversations = [*train, *validation]
         # A Manager-written bank takes minutes to build: the same progress bar (or log lines) as evaluate.py.
         with progress_bar() as bar:

@@ -63,8 +63,9 @@ class BanksConfig:
 
     policy: str = "add_all"          # add_all | manager (the `manager` agent decides each fact)
     dir: str = "banks"               # built banks are kept here and reused by every identical recipe
-    uri: str | None = None           # null: a Milvus Lite file under dir; or http://host:port for a server
+    uri: str | None = None           # null: a Milvus Lite file under dir; http://host:port: a server; ":memory:": in the process only
     lock_wait_s: float = 1800.0      # wait this long for another process building or loading them
+    embedder: str | None = None      # sentence-transformers model of memories and queries; null: all-MiniLM-L6-v2
 
     def __post_init__(self) -> None:
         if self.policy not in BANK_POLICIES:

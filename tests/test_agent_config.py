@@ -69,3 +69,8 @@ def test_identical_bank_recipes_share_one_name_and_different_ones_do_not(tmp_pat
     assert raw == bank_recipe(composed("evaluate", "memory=raw_turns"))
     # The Answer Agent's settings do not change the banks.
     assert bank_recipe(composed("evaluate", "answer.k_per_speaker=3")).signature() == evaluation.signature()
+    # Another embedder writes other vectors: other banks. The default keeps the name banks had before
+    # `banks.embedder` existed (the digest of the same recipe without the key), so no built bank is lost.
+    tiny = bank_recipe(composed("evaluate", f"banks.embedder={tmp_path}"))
+    assert tiny.embedder == str(tmp_path) and tiny.signature() != evaluation.signature()
+    assert evaluation.signature() == "locomo-observation-add_all-8939cd1fe6"

@@ -1,7 +1,9 @@
-"""A tiny, randomly initialised causal LM over a real tokenizer, for fast tests across the project."""
+"""Tiny, randomly initialised models over real tokenizers, for fast tests and the GPU smoke run: a causal
+LM (the policy's backbone) and a sentence embedder (the banks' vectors)."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import torch
@@ -75,4 +77,31 @@ def save_lora_export(backbone: str | Path, target: str | Path, *, seed: int = 3,
     tokenizer.save_pretrained(target)
     if init is not None:
         write_warm_start(target, init)
+    return target
+
+
+def save_tiny_embedder(target: str | Path, *, seed: int = 0, hidden_size: int = 32, num_layers: int = 1) -> Path:
+    """A sentence-transformers directory with all-MiniLM-L6-v2's tokenizer and a random BERT of
+    `num_layers` x `hidden_size` (mean pooling, unit vectors; ~1 MB against MiniLM's 90), for runs
+    that must not carry MiniLM: `banks.embedder=DIR`."""
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from memr1.embed import default_model_path
+
+    target = Path(target)
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=2, intermediate_size=2 * hidden_size, max_position_embeddings=512,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        encoder = BertModel(config)
+    with tempfile.TemporaryDirectory() as encoder_dir:
+        encoder.save_pretrained(encoder_dir)
+        tokenizer.save_pretrained(encoder_dir)
+        transformer = models.Transformer(encoder_dir, max_seq_length=256)
+        pooling = models.Pooling(hidden_size, pooling_mode="mean")
+        SentenceTransformer(modules=[transformer, pooling, models.Normalize()]).save(str(target))
     return target
