@@ -107,7 +107,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[Callback]:
     metrics = MetricsCSV(run_dir / "csv" / "metrics.csv")
     callbacks: list[Callback] = [
         metrics,
-        TrainingCurves(run_dir, metrics),  # drawn from metrics' rows, after they are written
+        *([TrainingCurves(run_dir, metrics)] if cfg.logging.plots else []),  # drawn from metrics' rows once written
         SampleLog(run_dir, every_n_steps=cfg.logging.samples_every_n_steps),
         StepConsole(),
         ResumableRun(run_dir / "checkpoints"),
