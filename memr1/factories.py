@@ -232,7 +232,11 @@ def build_rollout_engine(cfg: DictConfig, tokenizer: Any) -> GenerationEngine | 
     if cfg.engine == "hf":
         return None
     if cfg.engine == "vllm":
-        return build_engine("vllm", name_or_path=cfg.backbone.name_or_path, tokenizer=tokenizer, enable_lora=cfg.lora.enabled)
+        # The run's precision: the sampler's distribution is the one the update's log-probs score.
+        dtype = "float32" if run_precision(cfg).is_fp32 else "bfloat16"
+        return build_engine(
+            "vllm", name_or_path=cfg.backbone.name_or_path, tokenizer=tokenizer, enable_lora=cfg.lora.enabled, dtype=dtype
+        )
     raise ValueError(f"engine: unknown engine {cfg.engine!r}; expected hf or vllm")
 
 
