@@ -66,21 +66,27 @@ def test_greedy_matches_hf_engine(engine, hf_model, tokenizer):
     greedy = SamplingConfig(max_new_tokens=12, temperature=0)
     ours = engine.generate(PROMPTS, greedy)
     theirs = HFEngine(hf_model, tokenizer).generate(PROMPTS, greedy)
+    gaps = []
     for vllm_samples, hf_samples in zip(ours, theirs, strict=True):
         assert vllm_samples[0].prompt_ids == hf_samples[0].prompt_ids
         assert vllm_samples[0].response_ids == hf_samples[0].response_ids
         assert vllm_samples[0].text == hf_samples[0].text
         assert vllm_samples[0].logprobs == pytest.approx(hf_samples[0].logprobs, abs=1e-3)
+        gaps += [abs(a - b) for a, b in zip(vllm_samples[0].logprobs, hf_samples[0].logprobs)]
+    print(f"greedy: vLLM / HF token log-prob gap over {len(gaps)} tokens: mean {sum(gaps) / len(gaps):.2e}, max {max(gaps):.2e}")
 
 
 def test_sampled_logprobs_are_of_the_sampling_distribution(engine, hf_model):
     results = engine.generate(PROMPTS, SamplingConfig(max_new_tokens=8, temperature=0.7, n=3, seed=0))
     assert [len(samples) for samples in results] == [3, 3, 3]
+    gaps = []
     for samples in results:
         for generation in samples:
             assert len(generation.logprobs) == len(generation.response_ids) > 0
             expected = reference_logprobs(hf_model, generation.prompt_ids, generation.response_ids, temperature=0.7)
             assert generation.logprobs == pytest.approx(expected, abs=1e-3)
+            gaps += [abs(a - b) for a, b in zip(generation.logprobs, expected)]
+    print(f"sampled at T=0.7: vLLM / HF forward log-prob gap over {len(gaps)} tokens: mean {sum(gaps) / len(gaps):.2e}, max {max(gaps):.2e}")
 
 
 def test_stop_string_conventions_match_hf(engine, tokenizer):
