@@ -451,7 +451,7 @@ sys.stdin.read()
 
 
 @pytest.mark.slow  # a subprocess
-def test_a_db_owned_by_another_process_gives_a_clear_error(tmp_path: Path, embedder: Embedder) -> None:
+def test_a_db_owned_by_another_process_gives_a_clear_error(tmp_path: Path, embedder: Embedder, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "owned.db"
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -462,6 +462,8 @@ def test_a_db_owned_by_another_process_gives_a_clear_error(tmp_path: Path, embed
             MemoryBank.open(path, "conv_26", embedder)
         message = str(caught.value)
         assert str(path) in message and "another process" in message and "http://host:port" in message
+        # One clear error, not Milvus Lite's own traceback of the same lock logged beside it.
+        assert not [record for record in caplog.records if record.exc_info], caplog.text
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)

@@ -67,7 +67,17 @@ class _LiteUnimplementedFilter(logging.Filter):
         return "Method not implemented" not in record.getMessage()
 
 
+class _LiteLockedFilter(logging.Filter):
+    """Drops the traceback Milvus Lite logs when another process holds a `.db`'s lock: `_connect` turns
+    that failure into a `BankLockedError`, which the caller waits on (the ranks of one run building the
+    same banks) or reports in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and type(record.exc_info[1]).__name__ == "DataDirLockedError")
+
+
 logging.getLogger("grpc._server").addFilter(_LiteUnimplementedFilter())
+logging.getLogger("milvus_lite.server_manager").addFilter(_LiteLockedFilter())
 
 
 def is_lite_uri(uri: str) -> bool:
