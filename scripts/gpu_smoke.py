@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -85,7 +86,8 @@ def run(smoke: Path, cpu: bool) -> int:
 
     device = "CPU (rehearsal)" if cpu else torch.cuda.get_device_name(0)
     work = Path(os.environ.get("GPU_SMOKE_WORK", smoke / "work"))
-    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)  # every run starts over: a run directory left behind would resume
+    work.mkdir(parents=True)
     results = []
     for algo in ALGOS:
         status, seconds, run_dir = train(smoke, work, algo, cpu)
