@@ -11,13 +11,14 @@ at all: the run has finished); a kill at a named point lands at the same place o
 `POINT:HIT[:ACTION]`: the HIT-th time this process reaches POINT (counted from 1), it writes a line on
 stderr saying so, then sends itself the signal ACTION names (SIGKILL unless named), or with `WAIT`
 blocks until a stop is requested (`memr1.interrupt`: the test sends a real SIGTERM or SIGINT when it
-reads the line; a signal that arrives before the wait begins counts too), then carries on. The points, in the order a step meets them:
+reads the line; a signal that arrives before the wait begins counts too), then carries on. The points, in the order a training step meets them, then evaluate.py's:
 
 - `bank_write`: a conversation's bank written, its build progress not yet recorded
 - `train_step`: a training step begins (before its rollout)
 - `micro_batch`: a micro-batch's loss accumulated (its backward done), before the optimiser step
 - `validation_batch`: a validation batch begins
 - `checkpoint_write`: a checkpoint's temporary file written and synced, not yet renamed into place
+- `answer_batch`: an evaluation's batch of answers appended to predictions.jsonl
 
 Unset (always, outside tests), `fault_point` costs one comparison.
 """
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from memr1 import interrupt
 
 FAULT_ENV = "MEMR1_FAULT"
-POINTS = ("bank_write", "train_step", "micro_batch", "validation_batch", "checkpoint_write")
+POINTS = ("bank_write", "train_step", "micro_batch", "validation_batch", "checkpoint_write", "answer_batch")
 
 
 WAIT = "WAIT"

@@ -8,7 +8,8 @@ schedule's root as `{root}`. The paper's alternating schedule is `conf/pipeline/
 
 Resuming: a stage that finished has a `STAGE_DONE` file and is skipped; a training stage that was
 stopped (SIGTERM is passed on to it, Ctrl-C reaches it from the terminal; it checkpoints) or killed resumes from its newest
-checkpoint (`ckpt_path=last`); an evaluation stage is rerun. So running the same command again after
+checkpoint (`ckpt_path=last`); an evaluation stage keeps the answers it wrote (to its last whole batch)
+and answers the rest. So running the same command again after
 any interruption finishes the schedule without redoing finished work.
 
 Stages marked `report: <label>` (evaluations) form the closing table: one row per label, F1 / BLEU-1 /

@@ -179,6 +179,30 @@ def test_evaluate_end_to_end_writes_predictions_and_reports(tmp_path, tokenizer)
     assert all(row["retrieved_ids"] for row in rows)
 
 
+def test_a_stopped_evaluation_resumes_after_its_last_whole_batch(tmp_path, tokenizer, caplog):
+    overrides = [f"data.path={FIXTURE}", "data.sha256=null", "data.splits={train:[],validation:[mini-1,mini-2],test:null}",
+                 "answer.max_new_tokens=8", "answer.batch_size=2"]
+    run_dir = tmp_path / "run"
+    run_evaluation(evaluation_config(tmp_path, tokenizer, overrides), run_dir)
+    unbroken = (run_dir / "predictions.jsonl").read_text().splitlines()
+    assert len(unbroken) >= 5
+    # As a kill leaves it: three answers written, the fourth torn mid-line. The first is marked, to
+    # see that a kept answer is not answered again.
+    first = json.loads(unbroken[0]) | {"latency_s": {"answer": -1.0}}
+    (run_dir / "predictions.jsonl").write_text("\n".join([json.dumps(first), *unbroken[1:3], unbroken[3][:20]]))
+    result = run_evaluation(evaluation_config(tmp_path, tokenizer, overrides), run_dir)
+    resumed = (run_dir / "predictions.jsonl").read_text().splitlines()
+    assert result["settings"]["resumed_predictions"] == 2  # back to the last whole batch of 2
+    assert json.loads(resumed[0])["latency_s"] == {"answer": -1.0}
+    strip = lambda line: {k: v for k, v in json.loads(line).items() if k != "latency_s"}  # noqa: E731
+    assert [strip(line) for line in resumed] == [strip(line) for line in unbroken]
+    assert result["scores"]["count"] == len(unbroken)
+    # Another setting: nothing is kept, and the log says why.
+    changed = run_evaluation(evaluation_config(tmp_path, tokenizer, [*overrides[:-2], "answer.max_new_tokens=6", "answer.batch_size=2"]), run_dir)
+    assert changed["settings"]["resumed_predictions"] == 0 and "answered with other settings" in caplog.text
+    assert len((run_dir / "predictions.jsonl").read_text().splitlines()) == len(unbroken)
+
+
 def test_score_figure_labels_each_group_with_its_n_and_keeps_a_long_title_inside():
     import matplotlib.pyplot as plt
 

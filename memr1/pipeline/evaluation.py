@@ -25,8 +25,10 @@ from memr1.datasets.locomo_file import load_locomo_split
 from memr1.datasets.registry import category_names, load_dataset
 from memr1.embed import Embedder
 from memr1.factories import ModelCache, answer_agent, answer_config, banks_config, make_judge, manager_config, memory_policy, run_precision
+from memr1.faults import fault_point
 from memr1.llm.sampling import SamplingConfig
 from memr1.pipeline.answering import Prediction, answer_questions
+from memr1.pipeline.compare import PREDICTIONS
 from memr1.pipeline.extraction import extract_facts
 from memr1.pipeline.report import score_predictions, write_report
 from memr1.progress import progress_bar
@@ -34,6 +36,8 @@ from memr1.timing import StageTimer
 from memr1.types import Conversation, Fact, Question
 
 log = logging.getLogger(__name__)
+
+RESUME_KEY = "predictions.key.json"  # what the answers in PREDICTIONS depend on: a rerun resumes only on the same
 
 
 def load_split(data: DictConfig, split: str, conversations: Sequence[str] | None = None) -> list[Conversation]:
@@ -87,6 +91,36 @@ def memory_items_for(
         )
 
 
+def resume_predictions(run_dir: Path, key: dict[str, Any], batch_size: int) -> list[Prediction]:
+    """The answers a stopped evaluation in `run_dir` already wrote, if it ran with the same `key` (the
+    questions in order, the banks, the model, its precision and the answer settings); none otherwise.
+
+    They are cut back to whole batches, so each question left is answered in the batch an unbroken
+    run would have put it in (a batch's padding can move a greedy answer), and a line torn by a kill
+    is dropped. The file is rewritten with what is kept and the key recorded, before any answering."""
+    predictions_path, key_path = run_dir / PREDICTIONS, run_dir / RESUME_KEY
+    kept: list[Prediction] = []
+    if predictions_path.is_file() and key_path.is_file():
+        if json.loads(key_path.read_text()) != key:
+            log.warning("%s: answered with other settings (%s differs); answering again", predictions_path, key_path.name)
+        else:
+            for line, qid in zip(predictions_path.read_text().splitlines(), key["questions"]):
+                try:
+                    prediction = Prediction(**json.loads(line))
+                except (json.JSONDecodeError, TypeError):
+                    break
+                if prediction.qid != qid:
+                    break
+                kept.append(prediction)
+            kept = kept[: len(kept) - len(kept) % batch_size]
+            log.info("resuming: %d of %d questions answered before, kept", len(kept), len(key["questions"]))
+    key_path.write_text(json.dumps(key) + "\n")
+    staged = predictions_path.with_suffix(".jsonl.tmp")
+    staged.write_text("".join(json.dumps(p.to_json()) + "\n" for p in kept))
+    staged.replace(predictions_path)
+    return kept
+
+
 def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """The whole evaluation; returns the report's scores and latencies."""
     started = time.perf_counter()
@@ -130,18 +164,28 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         agent = answer_agent(answer)
         engine = models.engine(answer.ckpt)
         sampling = SamplingConfig.greedy_up_to(answer.max_new_tokens)
-        predictions_path = run_dir / "predictions.jsonl"
-        with predictions_path.open("w") as out, progress_bar() as bar:
-            task = bar.add_task("answering", total=len(questions))
+        key = {
+            "questions": [q.qid for q in questions],
+            "banks": recipe.signature(),
+            "memory": cfg.memory.source,
+            "backbone": cfg.backbone.name_or_path,
+            "engine": cfg.engine,
+            "precision": precision.name,
+            "answer": dataclasses.asdict(answer),
+        }
+        answered = resume_predictions(run_dir, key, answer.batch_size)
+        with (run_dir / PREDICTIONS).open("a") as out, progress_bar() as bar:
+            task = bar.add_task("answering", total=len(questions), completed=len(answered))
 
             def save(batch: list[Prediction]) -> None:
                 for prediction in batch:
                     out.write(json.dumps(prediction.to_json()) + "\n")
                 out.flush()
                 bar.advance(task, len(batch))
+                fault_point("answer_batch")
 
-            predictions = answer_questions(
-                questions,
+            predictions = answered + answer_questions(
+                questions[len(answered) :],
                 banks,
                 {c.sample_id: c.speakers for c in conversations},
                 agent,
@@ -176,6 +220,7 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "answer": dataclasses.asdict(answer),
         "bank_sizes": bank_sizes,
         "manager_format_errors": getattr(policy, "format_errors", 0),
+        "resumed_predictions": len(answered),  # answered by a stopped run: latency and wall time leave them out
         "wall_time_s": round(time.perf_counter() - started, 1),
     }
     title = f"memr1 evaluation: {cfg.data.kind} {cfg.split}, banks={recipe.policy}, memory={cfg.memory.source}" + (
