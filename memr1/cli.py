@@ -130,8 +130,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 def _configure_serve(parser: argparse.ArgumentParser) -> None:
     model_help = "embedded:NAME, a HF directory, or openai:URL#MODEL; 'none' for no model"
-    parser.add_argument("--path", type=Path, default=Path("memories"), help="where banks and metadata live (default ./memories)")
-    parser.add_argument("--uri", help="a Milvus server URI (http://host:port) instead of Milvus Lite under --path")
+    parser.add_argument("--path", type=Path, default=Path("memories"), help="where the memories live (Milvus Lite, default ./memories); with --uri, only an older per-scope layout found there is moved onto the server")
+    parser.add_argument("--uri", help="a Milvus server URI (http://host:port) instead of Milvus Lite: replicas of the service share one")
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model", default="embedded:smollm2-135m-instruct", help=f"the backbone of all three agents: {model_help}")

@@ -9,7 +9,7 @@ JSON field whose top level is an array (the server answers "cannot unmarshal arr
 so the banks keep their JSON lists under {"items": [...]}; the server gives no session timestamp to
 query iterators (pymilvus warns, the bank silences it, reads see every acknowledged write).
 
-Time budget: about 40 s on 2 CPU cores (~10-20 s of server start-up).
+Time budget: about 70 s on 2 CPU cores (~10-20 s of server start-up, two `memr1 serve` replicas ~20 s).
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ import signal
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from processes import free_port
 
@@ -165,3 +167,73 @@ def test_the_memory_service_on_the_server(server_uri: str, embedder: Embedder, t
         assert memory.get(added["id"])["memory"] == "Maria volunteers at the animal shelter"
         memory.reset()
         assert memory.get_all(user_id="maria")["results"] == []
+
+
+def start_replica(server_uri: str, path: Path) -> tuple[subprocess.Popen, str]:
+    """`memr1 serve` on the shared server (no models: every message is stored as it is)."""
+    port = free_port()
+    log = (path.parent / f"{path.name}.log").open("w")
+    command = [sys.executable, "-m", "memr1.cli", "serve", "--path", str(path), "--uri", server_uri, "--port", str(port), "--answer", "none"]
+    process = subprocess.Popen(command, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        assert process.poll() is None, (path.parent / f"{path.name}.log").read_text()[-3000:]
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise
+            time.sleep(0.2)
+
+
+def test_two_service_replicas_on_one_server_write_the_same_users(server_uri: str, tmp_path: Path) -> None:
+    """Two `memr1 serve` processes, three writer threads each, the same three users, for 6 seconds:
+    every acknowledged memory is stored once under the id it was acknowledged with, no id is shared,
+    and both replicas list the same memories."""
+    replicas = [start_replica(server_uri, tmp_path / name) for name in ("replica-a", "replica-b")]
+    users = ("ann", "bob", "cy")
+    acknowledged: list[tuple[str, str, str]] = []  # (user, id, text)
+    failures: list[str] = []
+    stop = time.monotonic() + 6
+
+    def writer(url: str, name: str) -> None:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            n = 0
+            while time.monotonic() < stop:
+                user, text = users[n % len(users)], f"{name} note {n}"
+                response = client.post("/memories", json={"messages": [{"role": "user", "content": text}], "user_id": user, "infer": False})
+                if response.status_code != 200:
+                    failures.append(response.text)
+                    return
+                (result,) = response.json()["results"]
+                acknowledged.append((user, result["id"], result["memory"]))
+                n += 1
+
+    try:
+        threads = [threading.Thread(target=writer, args=(url, f"{url[-5:]}-{t}")) for _, url in replicas for t in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert not failures, failures[:3]
+        assert len(acknowledged) >= 20
+        assert len({memory_id for _, memory_id, _ in acknowledged}) == len(acknowledged)  # no id shared
+        for user in users:
+            listings = [
+                httpx.get(f"{url}/memories", params={"user_id": user, "top_k": 10_000}, timeout=60).json()["results"] for _, url in replicas
+            ]
+            assert listings[0] == listings[1]  # both replicas read the same rows, in the same order
+            expected = sorted((memory_id, text) for who, memory_id, text in acknowledged if who == user)
+            assert sorted((row["id"], row["memory"]) for row in listings[0]) == expected  # each once
+        # A write through one replica is read through the other at once.
+        (moved,) = httpx.post(f"{replicas[0][1]}/memories", json={"messages": [{"role": "user", "content": "Ann moved to Porto"}], "user_id": "ann"}, timeout=60).json()["results"]
+        assert httpx.get(f"{replicas[1][1]}/memories/{moved['id']}", timeout=60).json()["memory"] == "Ann moved to Porto"
+        assert httpx.delete(f"{replicas[1][1]}/memories/{moved['id']}", timeout=60).status_code == 200
+        assert httpx.get(f"{replicas[0][1]}/memories/{moved['id']}", timeout=60).status_code == 404
+    finally:
+        for process, _ in replicas:
+            process.terminate()
+            process.wait(timeout=30)

@@ -68,7 +68,7 @@ class _LiteUnimplementedFilter(logging.Filter):
 
 
 class _LiteLockedFilter(logging.Filter):
-    """Drops the traceback Milvus Lite logs when another process holds a `.db`'s lock: `_connect` turns
+    """Drops the traceback Milvus Lite logs when another process holds a `.db`'s lock: `connect` turns
     that failure into a `BankLockedError`, which the caller waits on (the ranks of one run building the
     same banks) or reports in one line."""
 
@@ -114,7 +114,7 @@ class MilvusStore:
                 f"bank name {collection!r}: Milvus collection names are 1-255 letters, digits and "
                 "underscores, not starting with a digit (e.g. 'conv_26' for conversation 'conv-26')"
             )
-        client = _connect(uri, token)
+        client = connect(uri, token)
         store = cls(client, uri, collection)
         try:
             if client.has_collection(collection):
@@ -169,19 +169,8 @@ class MilvusStore:
 
     def rows(self) -> Iterator[StoredMemory]:
         """Every stored memory, deleted ones included, in no particular order."""
-        quiet = _LiteSessionTsFilter()  # neither Milvus Lite nor a 2.3 server gives one
-        _ITERATOR_LOG.addFilter(quiet)
-        try:
-            iterator = self.client.query_iterator(
-                self.collection, batch_size=READ_BATCH, filter="", output_fields=list(FIELDS)
-            )
-        finally:
-            _ITERATOR_LOG.removeFilter(quiet)
-        try:
-            while batch := iterator.next():
-                yield from (from_row(row, f"{self.uri}: collection {self.collection!r}") for row in batch)
-        finally:
-            iterator.close()
+        for batch in quiet_query_iterator(self.client, self.collection, "", list(FIELDS)):
+            yield from (from_row(row, f"{self.uri}: collection {self.collection!r}") for row in batch)
 
     def search(self, vectors: np.ndarray, speaker: str | None, k: int) -> list[list[tuple[str, float]]]:
         """Milvus' own exact search over live rows: vectors (q, dim) float32 -> q lists of (id, score)."""
@@ -201,11 +190,28 @@ class MilvusStore:
 
     def close(self) -> None:
         self.client.close()
-        if is_lite_uri(self.uri):
-            _release_lite(self.uri)
+        release(self.uri)
 
 
-def _connect(uri: str, token: str) -> MilvusClient:
+def quiet_query_iterator(client: MilvusClient, collection: str, expression: str, fields: list[str]) -> Iterator[list[dict]]:
+    """The rows matching `expression`, `READ_BATCH` at a time, without pymilvus' session-timestamp warning."""
+    quiet = _LiteSessionTsFilter()  # neither Milvus Lite nor a 2.3 server gives one
+    _ITERATOR_LOG.addFilter(quiet)
+    try:
+        iterator = client.query_iterator(collection, batch_size=READ_BATCH, filter=expression, output_fields=fields)
+    finally:
+        _ITERATOR_LOG.removeFilter(quiet)
+    try:
+        while batch := iterator.next():
+            yield batch
+    finally:
+        iterator.close()
+
+
+def connect(uri: str, token: str = "") -> MilvusClient:
+    """A client of `uri` (resolved by `resolve_uri`); for a Milvus Lite path, its in-process server is
+    shared by this process's stores until the last calls `release`. `BankLockedError` when another
+    process holds the file."""
     if not is_lite_uri(uri):
         return MilvusClient(uri=uri, token=token)
     if not Path(uri).parent.is_dir():
@@ -237,13 +243,16 @@ def _lite_lock_held(path: str) -> bool:
         return False
 
 
-def _release_lite(path: str) -> None:
-    _lite_users[path] -= 1
-    if _lite_users[path] == 0:
-        del _lite_users[path]
+def release(uri: str) -> None:
+    """A store of `uri` closed its client: the last one on a Milvus Lite path stops its server."""
+    if not is_lite_uri(uri):
+        return
+    _lite_users[uri] -= 1
+    if _lite_users[uri] == 0:
+        del _lite_users[uri]
         from milvus_lite.server_manager import server_manager_instance
 
-        server_manager_instance.release_server(path)
+        server_manager_instance.release_server(uri)
 
 
 def to_row(memory: StoredMemory) -> dict:

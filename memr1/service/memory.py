@@ -5,24 +5,27 @@
     m.search("pets", user_id="andrew")          # {"results": [{"id", "memory", "score", ...}]}
     m.answer("What are Andrew's dogs called?", user_id="andrew")
 
-Each scope (user_id / agent_id / run_id, as Mem0) is one memr1 `MemoryBank` (a Milvus collection at
-`uri`, Milvus Lite under `path` by default). `add` turns messages into facts (the extractor model, or
-each message as it is), shows each fact its most similar memories and lets the Memory Manager choose
+Each scope (user_id / agent_id / run_id, as Mem0) is a partition of one Milvus collection
+(`memr1.service.store`: Milvus Lite under `path` by default, or a server at `uri`, which several
+`memr1 serve` replicas can share). `add` turns messages into facts (the extractor model, or each
+message as it is), shows each fact its most similar memories and lets the Memory Manager choose
 ADD / UPDATE / DELETE / NOOP (or ADDs everything when no Manager is configured). Deletes are soft and
-every write is in the bank's revision log: `history` reads it and `restore` undoes a DELETE.
+every write is in the memory's revision history: `history` reads it and `restore` undoes a DELETE.
+Memories kept by the per-scope layout of earlier versions are moved in when `path` is opened
+(`memr1.service.migrate`), with their ids.
 
-Thread safety: one lock per bank around every read and every retrieve -> decide -> apply, so a reader
-never sees half an operation and two writers never decide on the same stale memories.
+Thread safety: a lock per scope (striped) around every retrieve -> decide -> write and every write by
+id, so two requests of this process never decide on the same stale memories. Replicas do not share
+locks: ADDs from several replicas never collide (each draws its own UUIDs), while two replicas
+updating the same memory at the same moment keep the later write.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import zlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +33,20 @@ from memr1.agents.answer import AnswerAgent
 from memr1.agents.extractor import FactExtractor
 from memr1.agents.manager import ManagerAgent
 from memr1.embed import Embedder
-from memr1.memory import MemoryBank, MemoryBankError, UnknownMemoryError
-from memr1.memory.records import MAX_TEXT_BYTES
+from memr1.memory.errors import MemoryBankError
+from memr1.memory.records import MAX_TEXT_BYTES, check_op
+from memr1.memory.store import resolve_uri
+from memr1.service.migrate import migrate_scoped_collections
 from memr1.service.models import TextModel
-from memr1.service.scopes import EVENTS, SCOPE_KEYS, MemoryNotFound, collection_of, from_unix, now, scope_of
+from memr1.service.scopes import EVENTS, SCOPE_KEYS, MemoryNotFound, from_unix, now, scope_of
+from memr1.service.store import ScopedMemory, ScopedStore
 from memr1.types import Fact, MemoryEntry, MemoryOp, OpKind, Turn
+
+SCOPE_LOCKS = 256  # stripes: a bounded set of locks however many scopes there are
 
 
 class Memory:
-    """Mem0's `Memory` over memr1 banks, plus `answer` and `restore`."""
+    """Mem0's `Memory` over one Milvus collection of scoped memories, plus `answer` and `restore`."""
 
     def __init__(
         self,
@@ -57,69 +65,58 @@ class Memory:
     ) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self.uri = uri or str(self.path / "memories.db")
+        self.uri = resolve_uri(uri or self.path / "memories.db")
         self.embedder = embedder or Embedder()
         self.extractor, self.manager, self.answerer = extractor, manager, answerer
         self.num_candidates, self.k, self.max_new_tokens = num_candidates, k, max_new_tokens
         self.manager_agent = ManagerAgent()
         self.answer_agent = AnswerAgent(distill=distill, max_answer_words=max_answer_words)
         self.fact_extractor = FactExtractor()
-        self._banks: dict[str, MemoryBank] = {}
-        self._locks: dict[str, threading.RLock] = {}
-        self._registry_lock = threading.Lock()
-        self._db = sqlite3.connect(self.path / "service.sqlite", check_same_thread=False, isolation_level=None)
-        self._db.execute("CREATE TABLE IF NOT EXISTS scopes (collection TEXT PRIMARY KEY, scope TEXT NOT NULL)")
-        self._db.execute("CREATE TABLE IF NOT EXISTS metadata (id TEXT PRIMARY KEY, metadata TEXT NOT NULL)")
+        self.store = ScopedStore.open(self.uri, self.embedder.dim)
+        self._locks = [threading.RLock() for _ in range(SCOPE_LOCKS)]
+        try:
+            migrate_scoped_collections(self.path, self.store, self.embedder.dim)
+        except BaseException:
+            self.store.close()
+            raise
 
-    # -- banks ----------------------------------------------------------------------------------------
-    @contextmanager
-    def _bank(self, collection: str, create_scope: str | None = None) -> Iterator[MemoryBank]:
-        """The bank of a collection, opened once, with its lock held. `create_scope` registers a new
-        scope; without it an unknown collection is `MemoryNotFound`."""
-        with self._registry_lock:
-            if collection not in self._banks:
-                known = self._db.execute("SELECT scope FROM scopes WHERE collection = ?", (collection,)).fetchone()
-                if known is None:
-                    if create_scope is None:
-                        raise MemoryNotFound(f"no memories in collection {collection!r}")
-                    self._db.execute("INSERT INTO scopes VALUES (?, ?)", (collection, create_scope))
-                self._banks[collection] = MemoryBank.open(self.uri, collection, self.embedder)
-                self._locks[collection] = threading.RLock()
-            bank, lock = self._banks[collection], self._locks[collection]
-        with lock:
-            yield bank
+    # -- scopes and ids -------------------------------------------------------------------------------
+    def _lock(self, scope: str) -> threading.RLock:
+        return self._locks[zlib.crc32(scope.encode()) % SCOPE_LOCKS]
 
-    def _scope_bank(self, scope: str, create: bool = False) -> Any:
-        return self._bank(collection_of(scope), create_scope=scope if create else None)
+    def _stored(self, memory_id: str, live: bool = True) -> ScopedMemory:
+        """The memory `memory_id` (live, unless `live=False`); `MemoryNotFound` naming it otherwise."""
+        memory = self.store.get(memory_id)
+        if memory is None:
+            raise MemoryNotFound(f"memory id {memory_id!r}: no such memory")
+        if live and memory.deleted:
+            raise MemoryNotFound(f"memory id {memory_id!r}: deleted (restore it first)")
+        return memory
 
-    def _locate(self, memory_id: str) -> tuple[str, str]:
-        collection, dot, local = str(memory_id).rpartition(".")
-        if not dot or not collection.startswith("scope_"):
-            raise MemoryNotFound(f"memory id {memory_id!r}: not a memr1 memory id")
-        return collection, local
-
-    def _scope_of_collection(self, collection: str) -> str:
-        row = self._db.execute("SELECT scope FROM scopes WHERE collection = ?", (collection,)).fetchone()
-        return row[0] if row else ""
+    def _embed(self, text: str) -> Any:
+        return self.embedder.encode([text])[0]
 
     # -- results --------------------------------------------------------------------------------------
-    def _item(self, collection: str, entry: MemoryEntry, bank: MemoryBank) -> dict[str, Any]:
-        history = bank.history(entry.id)
-        memory_id = f"{collection}.{entry.id}"
-        row = self._db.execute("SELECT metadata FROM metadata WHERE id = ?", (memory_id,)).fetchone()
-        ids = dict(part.split("=", 1) for part in entry.speaker.split("&"))
+    @staticmethod
+    def _item(memory: ScopedMemory) -> dict[str, Any]:
+        ids = dict(part.split("=", 1) for part in memory.scope.split("&"))
         item = {
-            "id": memory_id,
-            "memory": entry.text,
-            "hash": hashlib.md5(entry.text.encode()).hexdigest(),
-            "metadata": json.loads(row[0]) if row else None,
-            "created_at": history[0].timestamp if history else entry.timestamp,
-            "updated_at": entry.timestamp,
+            "id": memory.id,
+            "memory": memory.text,
+            "hash": hashlib.md5(memory.text.encode()).hexdigest(),
+            "metadata": memory.metadata,
+            "created_at": memory.created_at,
+            "updated_at": memory.updated_at,
             **{key: ids.get(key) for key in SCOPE_KEYS if key in ids},
         }
-        if entry.score is not None:
-            item["score"] = entry.score
+        if memory.score is not None:
+            item["score"] = memory.score
         return item
+
+    @staticmethod
+    def _entry(memory: ScopedMemory) -> MemoryEntry:
+        """A memory as the agents' prompts show it (the Manager by position, mapped back to `id`)."""
+        return MemoryEntry(memory.id, memory.text, memory.scope, memory.updated_at, (), 0, 0, memory.score)
 
     # -- Mem0's calls ---------------------------------------------------------------------------------
     def add(
@@ -136,29 +133,37 @@ class Memory:
         """Remember what `messages` say. infer=True: facts (the extractor's, or each user message)
         each go to the Manager with their similar memories; infer=False: every message is ADDed as it
         is. `timestamp` (Mem0 2.x: Unix seconds) dates the memories, default now. Returns
-        `{"results": [{"id", "memory", "event", ("previous_memory")}]}`, NOOPs left out."""
+        `{"results": [{"id", "memory", "event", ("previous_memory")}]}`, NOOPs left out; an operation
+        the Manager chose that cannot be applied (an UPDATE of a memory deleted meanwhile) is reported
+        with event "NONE" and its reason, and changes nothing."""
         scope = scope_of(user_id, agent_id, run_id)
         turns = self._turns(messages, scope)
         stamp = now() if timestamp is None else from_unix(timestamp)
         facts = self._facts(turns, stamp) if infer else [Fact(t.text, scope, (t.dia_id,), 0, stamp) for t in turns]
-        collection = collection_of(scope)
         results: list[dict[str, Any]] = []
-        with self._scope_bank(scope, create=True) as bank:
+        with self._lock(scope):
             for fact in facts:
-                op, previous = self._decide(bank, fact) if infer else (self._add_op(fact), None)
+                vector = self._embed(fact.text)
+                op, candidates = self._decide(scope, fact, vector) if infer else (self._add_op(fact), [])
+                if op.kind is OpKind.NOOP:
+                    continue
                 try:
-                    entry = bank.apply(op)
-                except MemoryBankError as error:  # a well-parsed op the bank refuses: a NOOP
+                    check_op(op, "memories")
+                    if op.kind is OpKind.ADD:
+                        written = ScopedMemory.added(scope, op.text, vector, stamp, metadata)
+                    else:
+                        target = next((c for c in candidates if c.id == op.target_id), None)
+                        current = self.store.get(op.target_id) if target is not None else None
+                        if current is None or current.deleted or current.scope != scope:
+                            raise MemoryBankError(f"{op.kind.value} of {op.target_id!r}: no such live memory in this scope")
+                        written = current.updated(op.text, self._embed(op.text), stamp) if op.kind is OpKind.UPDATE else current.removed(stamp)
+                except MemoryBankError as error:
                     results.append({"id": None, "memory": fact.text, "event": "NONE", "error": str(error)})
                     continue
-                if entry is None:
-                    continue
-                memory_id = f"{collection}.{entry.id}"
-                if metadata and op.kind is OpKind.ADD:
-                    self._db.execute("INSERT OR REPLACE INTO metadata VALUES (?, ?)", (memory_id, json.dumps(dict(metadata))))
-                result = {"id": memory_id, "memory": entry.text, "event": EVENTS[op.kind]}
-                if previous is not None:
-                    result["previous_memory"] = previous
+                self.store.write([written])
+                result = {"id": written.id, "memory": written.text, "event": EVENTS[op.kind]}
+                if op.kind is OpKind.UPDATE:
+                    result["previous_memory"] = current.text
                 results.append(result)
         return {"results": results}
 
@@ -181,13 +186,8 @@ class Memory:
         if k < 1:
             raise ValueError(f"top_k: must be >= 1, got {k}")
         scope = scope_of(user_id, agent_id, run_id, filters)
-        collection = collection_of(scope)
-        try:
-            with self._scope_bank(scope) as bank:
-                hits = [e for e in bank.search(query, k=k) if threshold is None or (e.score or 0.0) >= threshold]
-                return {"results": [self._item(collection, entry, bank) for entry in hits]}
-        except MemoryNotFound:
-            return {"results": []}
+        hits = [m for m in self.store.search(scope, self._embed(query), k) if threshold is None or (m.score or 0.0) >= threshold]
+        return {"results": [self._item(memory) for memory in hits]}
 
     def get_all(
         self,
@@ -201,81 +201,73 @@ class Memory:
     ) -> dict[str, Any]:
         """The scope's live memories, oldest first."""
         scope = scope_of(user_id, agent_id, run_id, filters)
-        collection = collection_of(scope)
         k = limit if limit is not None else top_k
-        try:
-            with self._scope_bank(scope) as bank:
-                return {"results": [self._item(collection, entry, bank) for entry in bank.entries()[:k]]}
-        except MemoryNotFound:
-            return {"results": []}
+        return {"results": [self._item(memory) for memory in self.store.live(scope, k)]}
 
     def get(self, memory_id: str) -> dict[str, Any] | None:
         """The live memory `memory_id`, or None (as Mem0)."""
-        collection, local = self._locate(memory_id)
-        try:
-            with self._bank(collection) as bank:
-                entry = next((e for e in bank.entries() if e.id == local), None)
-                return self._item(collection, entry, bank) if entry else None
-        except MemoryNotFound:
-            return None
+        memory = self.store.get(memory_id)
+        return self._item(memory) if memory is not None and not memory.deleted else None
 
     def update(
         self, memory_id: str, data: str | None = None, *, text: str | None = None, metadata: Mapping[str, Any] | None = None
     ) -> dict[str, str]:
         """A new text (Mem0 1.x `data`, 2.x `text=`) and / or new metadata (2.x `metadata=`, replacing
-        the old) for `memory_id`. Both are checked before either is written."""
+        the old) for `memory_id`, written together. Both are checked before either is written."""
         if data is not None and text is not None and data != text:
             raise ValueError("update: data and text are the same argument (Mem0 1.x and 2.x names); give one")
         new_text = text if text is not None else data
         if new_text is None and metadata is None:
             raise ValueError("update: give text (or data) and / or metadata")
-        if new_text is not None and (not isinstance(new_text, str) or not new_text.strip()):
-            raise ValueError("text: expected a non-empty string")
+        if new_text is not None:
+            if not isinstance(new_text, str) or not new_text.strip():
+                raise ValueError("text: expected a non-empty string")
+            size = len(new_text.encode("utf-8", errors="replace"))
+            if size > MAX_TEXT_BYTES:
+                raise ValueError(f"text: {size} UTF-8 bytes, over a memory's limit of {MAX_TEXT_BYTES}")
         if metadata is not None and not isinstance(metadata, Mapping):
             raise ValueError(f"metadata: expected a mapping, got {type(metadata).__name__}")
-        if new_text is not None:
-            self._write(memory_id, MemoryOp(OpKind.UPDATE, text=new_text, timestamp=now()))
-        elif self.get(memory_id) is None:
-            raise MemoryNotFound(f"memory id {memory_id!r}: no such live memory")
-        if metadata is not None:
-            self._db.execute("INSERT OR REPLACE INTO metadata VALUES (?, ?)", (memory_id, json.dumps(dict(metadata))))
+        memory = self._stored(memory_id)
+        with self._lock(memory.scope):
+            memory = self._stored(memory_id)
+            if new_text is not None:
+                memory = memory.updated(new_text, self._embed(new_text), now())
+            if metadata is not None:
+                memory = memory.with_metadata(metadata)
+            self.store.write([memory])
         return {"message": "Memory updated successfully!"}
 
     def delete(self, memory_id: str) -> dict[str, str]:
         """Soft delete: the memory leaves search and listings; `restore` brings it back."""
-        self._write(memory_id, MemoryOp(OpKind.DELETE, timestamp=now()))
+        memory = self._stored(memory_id)
+        with self._lock(memory.scope):
+            self.store.write([self._stored(memory_id).removed(now())])
         return {"message": "Memory deleted successfully!"}
 
     def restore(self, memory_id: str) -> dict[str, Any]:
         """Undo a DELETE (memr1's addition to Mem0's calls)."""
-        collection, local = self._locate(memory_id)
-        with self._bank(collection) as bank:
-            try:
-                entry = bank.restore(local)
-            except UnknownMemoryError as error:
-                raise MemoryNotFound(str(error)) from None
-            return self._item(collection, entry, bank)
+        memory = self._stored(memory_id, live=False)
+        with self._lock(memory.scope):
+            memory = self._stored(memory_id, live=False)
+            if not memory.deleted:
+                raise ValueError(f"restore of {memory_id!r}: the memory is not deleted")
+            memory = memory.restored(now())
+            self.store.write([memory])
+        return self._item(memory)
 
     def delete_all(self, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None) -> dict[str, str]:
         scope = scope_of(user_id, agent_id, run_id)
-        try:
-            with self._scope_bank(scope) as bank:
-                for entry in bank.entries():
-                    bank.apply(MemoryOp(OpKind.DELETE, target_id=entry.id, timestamp=now()))
-        except MemoryNotFound:
-            pass
+        with self._lock(scope):
+            when = now()
+            live = [self._stored(memory.id) for memory in self.store.live(scope)]  # with their vectors
+            self.store.write([memory.removed(when) for memory in live])
         return {"message": "Memories deleted successfully!"}
 
     def history(self, memory_id: str) -> list[dict[str, Any]]:
         """Every write to `memory_id`, oldest first, in Mem0's history rows."""
-        collection, local = self._locate(memory_id)
-        with self._bank(collection) as bank:
-            try:
-                revisions = bank.history(local)
-            except UnknownMemoryError as error:
-                raise MemoryNotFound(str(error)) from None
+        memory = self._stored(memory_id, live=False)
         rows, previous = [], None
-        for number, revision in enumerate(revisions):
+        for number, revision in enumerate(memory.history):
             rows.append({
                 "id": f"{memory_id}#{number}",
                 "memory_id": memory_id,
@@ -290,25 +282,10 @@ class Memory:
         return rows
 
     def reset(self) -> None:
-        """Forget everything: every bank's collection and the metadata."""
-        with self._registry_lock:
-            for bank in self._banks.values():
-                bank.close()
-            collections = [row[0] for row in self._db.execute("SELECT collection FROM scopes")]
-            self._banks.clear()
-            self._locks.clear()
-            if collections:
-                from pymilvus import MilvusClient
-
-                client = MilvusClient(uri=self.uri)
-                try:
-                    for collection in collections:
-                        if client.has_collection(collection):
-                            client.drop_collection(collection)
-                finally:
-                    client.close()
-            self._db.execute("DELETE FROM scopes")
-            self._db.execute("DELETE FROM metadata")
+        """Forget everything: every scope's memories and metadata (for every replica of the store)."""
+        self.store.drop()
+        self.store.close()
+        self.store = ScopedStore.open(self.uri, self.embedder.dim)
 
     # -- memr1's addition: answers --------------------------------------------------------------------
     def answer(self, question: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None) -> dict[str, Any]:
@@ -319,12 +296,8 @@ class Memory:
         if not isinstance(question, str) or not question.strip():
             raise ValueError("question: expected a non-empty string")
         scope = scope_of(user_id, agent_id, run_id)
-        try:
-            with self._scope_bank(scope) as bank:
-                entries = bank.search(question, k=self.k)
-                shown = [self._item(collection_of(scope), entry, bank) for entry in entries]
-        except MemoryNotFound:
-            entries, shown = [], []
+        hits = self.store.search(scope, self._embed(question), self.k)
+        entries, shown = [self._entry(memory) for memory in hits], [self._item(memory) for memory in hits]
         speaker = scope.split("&")[0].split("=", 1)[1]  # "user_id=andrew&run_id=3" -> "andrew"
         prompt = self.answer_agent.build_messages(question, {speaker: entries})
         reply = self.answerer.complete([prompt], self.max_new_tokens)[0]
@@ -333,11 +306,7 @@ class Memory:
         return {"answer": parsed.answer, "memories_used": used, "memories": shown, "format_error": parsed.format_error}
 
     def close(self) -> None:
-        with self._registry_lock:
-            for bank in self._banks.values():
-                bank.close()
-            self._banks.clear()
-            self._db.close()
+        self.store.close()
 
     def __enter__(self) -> Memory:
         return self
@@ -379,21 +348,12 @@ class Memory:
     def _add_op(fact: Fact) -> MemoryOp:
         return MemoryOp(OpKind.ADD, text=fact.text, speaker=fact.speaker, timestamp=fact.date_time, provenance=fact.dia_ids)
 
-    def _decide(self, bank: MemoryBank, fact: Fact) -> tuple[MemoryOp, str | None]:
-        """The Manager's op for `fact` given its similar memories (ADD when no Manager is configured),
-        and the text an UPDATE replaces."""
+    def _decide(self, scope: str, fact: Fact, vector: Any) -> tuple[MemoryOp, list[ScopedMemory]]:
+        """The Manager's op for `fact` given the scope's memories most similar to it (`vector`), and
+        those candidates (ADD, none, when no Manager is configured)."""
         if self.manager is None:
-            return self._add_op(fact), None
-        candidates = bank.search(fact.text, k=self.num_candidates)
-        reply = self.manager.complete([self.manager_agent.build_messages(fact, candidates)], 128)[0]
-        op = self.manager_agent.parse(reply, fact, candidates)
-        previous = next((c.text for c in candidates if c.id == op.target_id), None) if op.kind is OpKind.UPDATE else None
-        return op, previous
-
-    def _write(self, memory_id: str, op: MemoryOp) -> None:
-        collection, local = self._locate(memory_id)
-        with self._bank(collection) as bank:
-            try:
-                bank.apply(MemoryOp(op.kind, text=op.text, target_id=local, timestamp=op.timestamp))
-            except UnknownMemoryError as error:
-                raise MemoryNotFound(str(error)) from None
+            return self._add_op(fact), []
+        candidates = self.store.search(scope, vector, self.num_candidates)
+        entries = [self._entry(memory) for memory in candidates]
+        reply = self.manager.complete([self.manager_agent.build_messages(fact, entries)], 128)[0]
+        return self.manager_agent.parse(reply, fact, entries), candidates

@@ -1,9 +1,8 @@
-"""Who a memory belongs to: Mem0's user / agent / run ids as one scope string, its collection name,
-and the names the service reports operations by."""
+"""Who a memory belongs to: Mem0's user / agent / run ids as one scope string (the store's partition
+key), and the names the service reports operations by."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -57,7 +56,3 @@ def scope_of(user_id: str | None = None, agent_id: str | None = None, run_id: st
         named = ", ".join(key for key in SCOPE_KEYS if ids[key] is not None)
         raise ValueError(f"{named}: the scope they make ({size} UTF-8 bytes) is over the limit of {MAX_SPEAKER_BYTES}")
     return scope
-
-
-def collection_of(scope: str) -> str:
-    return "scope_" + hashlib.sha256(scope.encode()).hexdigest()[:24]
