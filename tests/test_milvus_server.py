@@ -14,10 +14,7 @@ Time budget: about 70 s on 2 CPU cores (~10-20 s of server start-up, two `memr1 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import shutil
 import subprocess
 import sys
 import threading
@@ -31,6 +28,7 @@ from processes import free_port
 
 from memr1.embed import Embedder
 from memr1.memory import MemoryBank, UnknownMemoryError
+from memr1.memory.local_server import local_milvus_server
 from memr1.types import MemoryOp, OpKind
 from test_memory_bank import HOSTILE_SPEAKERS
 
@@ -40,42 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def server_uri(tmp_path_factory) -> Iterator[str]:
-    binary = shutil.which("milvus-server") or str(Path(sys.executable).parent / "milvus-server")
-    if not Path(binary).exists():
-        pytest.fail("milvus-server is missing: it ships in the PyPI package milvus (pip install -e '.[dev]')")
-    data = tmp_path_factory.mktemp("milvus-server")
-    port = free_port()
-    log = (data / "server.log").open("w")
-    # Its own session: the wrapper starts the `milvus` binary as a child, and both must go at teardown
-    # (the binary's embedded etcd always takes peer port 2380, so a leftover server blocks the next).
-    command = [binary, "--data", str(data), "--proxy-port", str(port), "--etcd-port", str(free_port())]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    from pymilvus import MilvusClient
-
-    deadline = time.monotonic() + 120
-    try:
-        while True:
-            assert process.poll() is None, (data / "server.log").read_text()[-3000:]
-            try:
-                client = MilvusClient(uri=uri, timeout=2)
-                client.list_collections()
-                client.close()
-                break
-            except Exception:  # noqa: BLE001 - not up yet
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+    with local_milvus_server(tmp_path_factory.mktemp("milvus-server")) as uri:
         yield uri
-    finally:
-        os.killpg(process.pid, signal.SIGINT)  # the wrapper's own graceful stop of the server
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            pass
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # whatever of the group is left
-        log.close()
 
 
 def add(text: str, speaker: str) -> MemoryOp:
