@@ -7,8 +7,8 @@ location), 400 for a value the memory layer refuses (empty messages, no user_id)
 memory id, 413 for a body over `max_body_bytes` (counted as it arrives, so a chunked body is held to it
 too), 401 without the API key when one is set. Every refusal is decided before anything is written:
 a 200 means the write happened. Route
-handlers are plain functions, run in the server's thread pool; `Memory` serialises each bank's
-operations, so concurrent writers and readers never see half an operation.
+handlers are plain functions, run in the server's thread pool; `Memory` serialises each scope's
+writes, and every read goes to Milvus, so replicas of this server on one Milvus server agree.
 """
 
 from __future__ import annotations
