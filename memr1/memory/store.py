@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -114,47 +115,8 @@ class MilvusStore:
                 f"bank name {collection!r}: Milvus collection names are 1-255 letters, digits and "
                 "underscores, not starting with a digit (e.g. 'conv_26' for conversation 'conv-26')"
             )
-        client = connect(uri, token)
-        store = cls(client, uri, collection)
-        try:
-            if client.has_collection(collection):
-                store._check_schema(dim)
-            else:
-                store._create(dim)
-            client.load_collection(collection)
-        except BaseException:
-            store.close()
-            raise
-        return store
-
-    def _create(self, dim: int) -> None:
-        schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
-        schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
-        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
-        schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
-        schema.add_field("speaker", DataType.VARCHAR, max_length=MAX_SPEAKER_BYTES)
-        schema.add_field("timestamp", DataType.VARCHAR, max_length=MAX_TIMESTAMP_BYTES)
-        schema.add_field("provenance", DataType.JSON)
-        schema.add_field("created_step", DataType.INT64)
-        schema.add_field("updated_step", DataType.INT64)
-        schema.add_field("deleted", DataType.BOOL)
-        schema.add_field("history", DataType.JSON)
-        index_params = self.client.prepare_index_params()
-        # FLAT: exact search. HNSW / IVF lose recall under a speaker filter.
-        index_params.add_index("vector", index_type="FLAT", metric_type="IP")
-        self.client.create_collection(
-            self.collection, schema=schema, index_params=index_params, consistency_level="Strong"
-        )
-
-    def _check_schema(self, dim: int) -> None:
-        fields = {field["name"]: field for field in self.client.describe_collection(self.collection)["fields"]}
-        missing = [name for name in FIELDS if name not in fields]
-        where = f"{self.uri}: collection {self.collection!r}"
-        if missing:
-            raise MemoryBankError(f"{where}: not a memory bank, fields missing: {', '.join(missing)}")
-        stored_dim = int(fields["vector"]["params"]["dim"])
-        if stored_dim != dim:
-            raise MemoryBankError(f"{where}: vectors have dim {stored_dim}, the embedder gives {dim}")
+        client = open_collection(uri, token, collection, dim, FIELDS, "a memory bank", _bank_schema)
+        return cls(client, uri, collection)
 
     def insert(self, memories: Sequence[StoredMemory]) -> None:
         self.client.insert(self.collection, [to_row(memory) for memory in memories])
@@ -191,6 +153,55 @@ class MilvusStore:
     def close(self) -> None:
         self.client.close()
         release(self.uri)
+
+
+def _bank_schema(client: MilvusClient, dim: int) -> Any:
+    schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+    schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
+    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
+    schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
+    schema.add_field("speaker", DataType.VARCHAR, max_length=MAX_SPEAKER_BYTES)
+    schema.add_field("timestamp", DataType.VARCHAR, max_length=MAX_TIMESTAMP_BYTES)
+    schema.add_field("provenance", DataType.JSON)
+    schema.add_field("created_step", DataType.INT64)
+    schema.add_field("updated_step", DataType.INT64)
+    schema.add_field("deleted", DataType.BOOL)
+    schema.add_field("history", DataType.JSON)
+    return schema
+
+
+def open_collection(
+    uri: str, token: str, collection: str, dim: int, fields: Sequence[str], kind: str, schema: Callable[[MilvusClient, int], Any]
+) -> MilvusClient:
+    """A client of `uri` with `collection` loaded: created with `schema(client, dim)` and an exact (FLAT,
+    inner product) vector index if missing (another process creating it first is fine), else checked
+    to have `fields` and vectors of `dim` (`MemoryBankError` naming `kind` otherwise). The connection
+    is released if anything fails. Strong consistency: a read sees every write acknowledged before it."""
+    client = connect(uri, token)
+    where = f"{uri}: collection {collection!r}"
+    try:
+        if not client.has_collection(collection):
+            index_params = client.prepare_index_params()
+            # FLAT: exact search. HNSW / IVF lose recall under a filter (a speaker's, a scope's).
+            index_params.add_index("vector", index_type="FLAT", metric_type="IP")
+            try:
+                client.create_collection(collection, schema=schema(client, dim), index_params=index_params, consistency_level="Strong")
+            except MilvusException:
+                if not client.has_collection(collection):
+                    raise
+        described = {field["name"]: field for field in client.describe_collection(collection)["fields"]}
+        missing = [name for name in fields if name not in described]
+        if missing:
+            raise MemoryBankError(f"{where}: not {kind}, fields missing: {', '.join(missing)}")
+        stored_dim = int(described["vector"]["params"]["dim"])
+        if stored_dim != dim:
+            raise MemoryBankError(f"{where}: vectors have dim {stored_dim}, the embedder gives {dim}")
+        client.load_collection(collection)
+    except BaseException:
+        client.close()
+        release(uri)
+        raise
+    return client
 
 
 def quiet_query_iterator(client: MilvusClient, collection: str, expression: str, fields: list[str]) -> Iterator[list[dict]]:

@@ -36,7 +36,7 @@ import numpy as np
 from memr1.memory.errors import MemoryBankError
 from memr1.memory.expr import field_equals, string_literal
 from memr1.memory.records import MAX_SPEAKER_BYTES, MAX_TEXT_BYTES, MAX_TIMESTAMP_BYTES, Revision
-from memr1.memory.store import JSON_ITEMS, connect, is_lite_uri, json_items, quiet_query_iterator, release
+from memr1.memory.store import JSON_ITEMS, is_lite_uri, json_items, open_collection, quiet_query_iterator, release
 
 COLLECTION = "memr1_memories"
 FIELDS = ("row", "id", "revision", "scope", "vector", "text", "created_at", "updated_at", "deleted", "history", "metadata")
@@ -121,52 +121,8 @@ class ScopedStore:
 
     @classmethod
     def open(cls, uri: str, dim: int, token: str = "", collection: str = COLLECTION) -> ScopedStore:
-        client = connect(uri, token)
-        store = cls(client, uri, collection)
-        try:
-            if client.has_collection(collection):
-                store._check_schema(dim)
-            else:
-                store._create(dim)
-            client.load_collection(collection)
-        except BaseException:
-            store.close()
-            raise
-        return store
-
-    def _create(self, dim: int) -> None:
-        from pymilvus import DataType
-
-        schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
-        schema.add_field("row", DataType.VARCHAR, is_primary=True, max_length=MAX_ROW_BYTES)
-        schema.add_field("id", DataType.VARCHAR, max_length=MAX_ID_BYTES)
-        schema.add_field("revision", DataType.INT64)
-        schema.add_field("scope", DataType.VARCHAR, max_length=MAX_SPEAKER_BYTES, is_partition_key=True)
-        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
-        schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
-        schema.add_field("created_at", DataType.VARCHAR, max_length=MAX_TIMESTAMP_BYTES)
-        schema.add_field("updated_at", DataType.VARCHAR, max_length=MAX_TIMESTAMP_BYTES)
-        schema.add_field("deleted", DataType.BOOL)
-        schema.add_field("history", DataType.JSON)
-        schema.add_field("metadata", DataType.JSON)
-        index_params = self.client.prepare_index_params()
-        index_params.add_index("vector", index_type="FLAT", metric_type="IP")  # exact: a scope's rows are few
-        try:
-            self.client.create_collection(self.collection, schema=schema, index_params=index_params, consistency_level="Strong")
-        except Exception:  # noqa: BLE001 - another replica created it first: use theirs, checked
-            if not self.client.has_collection(self.collection):
-                raise
-            self._check_schema(dim)
-
-    def _check_schema(self, dim: int) -> None:
-        fields = {field["name"]: field for field in self.client.describe_collection(self.collection)["fields"]}
-        where = f"{self.uri}: collection {self.collection!r}"
-        missing = [name for name in FIELDS if name not in fields]
-        if missing:
-            raise MemoryBankError(f"{where}: not memr1's service memories, fields missing: {', '.join(missing)}")
-        stored_dim = int(fields["vector"]["params"]["dim"])
-        if stored_dim != dim:
-            raise MemoryBankError(f"{where}: vectors have dim {stored_dim}, the embedder gives {dim}")
+        client = open_collection(uri, token, collection, dim, FIELDS, "memr1's service memories", _schema)
+        return cls(client, uri, collection)
 
     # -- writes ---------------------------------------------------------------------------------------
     def write(self, memories: Sequence[ScopedMemory]) -> None:
@@ -250,6 +206,24 @@ class ScopedStore:
 
     def _where(self) -> str:
         return f"{self.uri}: collection {self.collection!r}"
+
+
+def _schema(client: Any, dim: int) -> Any:
+    from pymilvus import DataType
+
+    schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+    schema.add_field("row", DataType.VARCHAR, is_primary=True, max_length=MAX_ROW_BYTES)
+    schema.add_field("id", DataType.VARCHAR, max_length=MAX_ID_BYTES)
+    schema.add_field("revision", DataType.INT64)
+    schema.add_field("scope", DataType.VARCHAR, max_length=MAX_SPEAKER_BYTES, is_partition_key=True)
+    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
+    schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
+    schema.add_field("created_at", DataType.VARCHAR, max_length=MAX_TIMESTAMP_BYTES)
+    schema.add_field("updated_at", DataType.VARCHAR, max_length=MAX_TIMESTAMP_BYTES)
+    schema.add_field("deleted", DataType.BOOL)
+    schema.add_field("history", DataType.JSON)
+    schema.add_field("metadata", DataType.JSON)
+    return schema
 
 
 def _newest(memories: Iterable[ScopedMemory]) -> list[ScopedMemory]:
