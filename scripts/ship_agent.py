@@ -134,7 +134,9 @@ def ship(args: argparse.Namespace) -> Path:
     if args.warm_start:
         (staging / WARM_START_FILE).write_text(json.dumps({"init": args.warm_start}) + "\n")
     evaluation = evaluation_summary(Path(args.eval), Path(args.versus) if args.versus else None)
-    rescore = args.rescore or f"python evaluate.py {' '.join(args.eval_overrides)} ckpt={TRAINED_PREFIX}{args.name}"
+    # The precision the answers were decoded in, named: `auto` would pick fp32 on a CPU without bf16 units.
+    overrides = [*args.eval_overrides, f"precision={evaluation['settings'].get('precision', 'fp32')}"]
+    rescore = args.rescore or f"python evaluate.py {' '.join(overrides)} ckpt={TRAINED_PREFIX}{args.name}"
     card = {
         "name": args.name,
         "agent": args.agent,

@@ -88,7 +88,7 @@ def test_a_shipped_chain_loads_by_name_exactly_as_the_run_exports(backbone, tmp_
     assert (rl_card["agent"], rl_card["warm_start"], rl_card["evaluation"]["scores"]["f1"]) == ("answer", "trained:sft", pytest.approx(200 / 3))
     assert rl_card["evaluation"]["versus"]["overall"]["f1"]["delta"] == pytest.approx(100 / 3)
     assert rl_card["evaluation"]["spot_check"][1] == {"qid": "q2", "prediction": "b"}
-    assert rl_card["rescore"] == "python evaluate.py split=test ckpt=trained:rl"
+    assert rl_card["rescore"] == "python evaluate.py split=test precision=fp32 ckpt=trained:rl"
     assert "ΔF1 +33.33" in (root / "rl" / "card.md").read_text()
 
     listing = subprocess.run([sys.executable, "-m", "memr1.cli", "agents", "--json"], env={**os.environ, TRAINED_DIR_ENV: str(root)},
