@@ -54,6 +54,11 @@ def test_listings_are_oldest_first_and_survive_a_reopen(tmp_path: Path, embedder
     with Memory(tmp_path, embedder=embedder) as reopened:
         assert [item["id"] for item in reopened.get_all(user_id="ann")["results"]] == [ids[0], *ids[2:]]
         assert [row["event"] for row in reopened.history(ids[1])] == ["ADD", "DELETE"]
+        reopened.reset()  # every row goes; the collection (which other replicas may hold open) stays
+        assert reopened.get_all(user_id="ann")["results"] == [] and reopened.get(ids[0]) is None
+        assert reopened.store.count() == 0 and reopened.store.client.list_collections() == [COLLECTION]
+        (again,) = reopened.add("note after the reset", user_id="ann", infer=False)["results"]
+        assert [item["id"] for item in reopened.get_all(user_id="ann")["results"]] == [again["id"]]
 
 
 def write_legacy_layout(path: Path, embedder) -> dict[str, str]:

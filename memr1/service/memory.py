@@ -283,9 +283,7 @@ class Memory:
 
     def reset(self) -> None:
         """Forget everything: every scope's memories and metadata (for every replica of the store)."""
-        self.store.drop()
-        self.store.close()
-        self.store = ScopedStore.open(self.uri, self.embedder.dim)
+        self.store.clear()
 
     # -- memr1's addition: answers --------------------------------------------------------------------
     def answer(self, question: str, *, user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None) -> dict[str, Any]:

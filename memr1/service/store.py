@@ -191,9 +191,10 @@ class ScopedStore:
         return int(self.client.query(self.collection, filter="", output_fields=["count(*)"])[0]["count(*)"])
 
     # -- lifecycle ------------------------------------------------------------------------------------
-    def drop(self) -> None:
-        """Remove the collection and every memory in it (`Memory.reset`)."""
-        self.client.drop_collection(self.collection)
+    def clear(self) -> None:
+        """Delete every row (`Memory.reset`); the collection stays, so other replicas keep working."""
+        self.client.delete(self.collection, filter="revision >= 0")
+        self.client.flush(self.collection)
 
     def flush(self) -> None:
         self.client.flush(self.collection)
