@@ -54,6 +54,11 @@ def test_listings_are_oldest_first_and_survive_a_reopen(tmp_path: Path, embedder
     with Memory(tmp_path, embedder=embedder) as reopened:
         assert [item["id"] for item in reopened.get_all(user_id="ann")["results"]] == [ids[0], *ids[2:]]
         assert [row["event"] for row in reopened.history(ids[1])] == ["ADD", "DELETE"]
+        reopened.delete_all(user_id="ann")  # soft: each memory keeps its vector and history
+        assert reopened.get_all(user_id="ann")["results"] == [] and reopened.search("note", user_id="ann")["results"] == []
+        assert [row["event"] for row in reopened.history(ids[0])] == ["ADD", "DELETE"]
+        reopened.restore(ids[0])
+        assert [hit["id"] for hit in reopened.search("note 0", user_id="ann", top_k=5)["results"]] == [ids[0]]
         reopened.reset()  # every row goes; the collection (which other replicas may hold open) stays
         assert reopened.get_all(user_id="ann")["results"] == [] and reopened.get(ids[0]) is None
         assert reopened.store.count() == 0 and reopened.store.client.list_collections() == [COLLECTION]

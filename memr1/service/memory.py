@@ -259,8 +259,7 @@ class Memory:
         scope = scope_of(user_id, agent_id, run_id)
         with self._lock(scope):
             when = now()
-            live = [self._stored(memory.id) for memory in self.store.live(scope)]  # with their vectors
-            self.store.write([memory.removed(when) for memory in live])
+            self.store.write([memory.removed(when) for memory in self.store.live(scope, with_vector=True)])
         return {"message": "Memories deleted successfully!"}
 
     def history(self, memory_id: str) -> list[dict[str, Any]]:

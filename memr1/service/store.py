@@ -174,9 +174,10 @@ class ScopedStore:
         newest = {memory.id: memory for memory in _newest(found)}
         return [memory for memory in found if newest.get(memory.id) is memory]
 
-    def live(self, scope: str, limit: int | None = None) -> list[ScopedMemory]:
-        """The scope's live memories, oldest first (by creation time, then id)."""
-        rows = _newest(self._rows(field_equals("scope", scope), with_vector=False))
+    def live(self, scope: str, limit: int | None = None, with_vector: bool = False) -> list[ScopedMemory]:
+        """The scope's live memories, oldest first (by creation time, then id); with their vectors
+        only when asked (a write of them needs them, a listing does not)."""
+        rows = _newest(self._rows(field_equals("scope", scope), with_vector=with_vector))
         live = sorted((memory for memory in rows if not memory.deleted), key=lambda memory: (memory.created_at, memory.id))
         return live if limit is None else live[:limit]
 
