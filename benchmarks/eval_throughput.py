@@ -2,8 +2,9 @@
 from the bank, then the Answer Agent generates) on LoCoMo's validation conversation (conv-30) with the
 embedded SmolLM2-135M-Instruct, by answer batch size and memories per speaker.
 
-Everything goes through the pipeline's own code: `load_split` / `select_questions` pick the first N
-validation questions (the same ones in every setting); the conversation's ADD-all bank of LoCoMo
+Everything goes through the pipeline's own code: the agent is loaded frozen (`frozen_policy`) as
+`evaluate.py` loads it; `load_split` / `select_questions` pick the first N validation questions (the
+same ones in every setting); the conversation's ADD-all bank of LoCoMo
 observations is opened where `python evaluate.py banks=add_all` keeps it (`build_banks` builds it
 there the first time, in seconds: ADD-all is one bulk write; in a temp dir when another process holds
 that file); every setting runs `answer_questions` with greedy decoding, as `evaluate.py` does.
@@ -48,8 +49,7 @@ from rich.table import Table  # noqa: E402
 from memr1.agents.answer import AnswerAgent  # noqa: E402
 from memr1.embed import Embedder  # noqa: E402
 from memr1.llm.engines import Generation, GenerationEngine, Prompt  # noqa: E402
-from memr1.factories import build_engine  # noqa: E402
-from memr1.llm.loading import load_policy  # noqa: E402
+from memr1.factories import build_engine, frozen_policy  # noqa: E402
 from memr1.llm.precision import choose_precision  # noqa: E402
 from memr1.llm.sampling import SamplingConfig  # noqa: E402
 from memr1.memory import BankLockedError, MemoryBank  # noqa: E402
@@ -239,7 +239,8 @@ def main() -> None:
     load_before = os.getloadavg()[0]  # timings on a shared machine move with its load: keep it beside them
     cfg = evaluation_config()
     conversations = load_split(cfg.data, SPLIT, cfg.conversations)
-    model, tokenizer = load_policy(cfg.backbone.name_or_path, dtype=cfg.backbone.dtype)
+    # Frozen, as evaluate.py loads an agent (`ModelCache`): autocast caches no cast of a frozen weight.
+    model, tokenizer = frozen_policy(cfg.backbone.name_or_path, cfg.backbone.dtype, None)
     # Engines differ only in their precision and how many prompts they decode together; they share the model.
     precisions = {setting: choose_precision(setting, "cpu") for setting in dict.fromkeys(args.precisions)}
     engines_by_precision = {

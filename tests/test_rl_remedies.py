@@ -15,9 +15,11 @@ from lightning.pytorch import LightningDataModule, Trainer
 from torch.utils.data import DataLoader
 
 from memr1.envs.base import Reward
+from memr1.llm.engines import HFEngine
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.lora import apply_lora
 from memr1.llm.precision import FP32, FrozenLinearCopies, choose_precision, cpu_flags
+from memr1.llm.sampling import SamplingConfig
 from memr1.llm.testing import tiny_causal_lm
 from memr1.modules.base import RLModule
 from memr1.rl.algorithms import AlgoConfig
@@ -202,3 +204,28 @@ def test_frozen_weights_held_in_bf16_compute_what_autocast_computes(tokenizer):
     assert torch.equal(plain, again)
     with FrozenLinearCopies(FP32).swapped(model):
         assert all(param.dtype == torch.float32 for param in model.parameters())
+
+
+def test_the_engine_decodes_with_the_frozen_copies_what_autocast_decodes(tokenizer):
+    """The HF engine in bf16 holds its frozen weights once in bf16: the same tokens, log-probs and
+    trunk states as autocast's per-call casts; a weight changed in place (merged, reloaded) gets a
+    new copy, so the engine never decodes with stale weights."""
+    model = apply_lora(tiny_causal_lm(tokenizer, seed=3, init_std=0.02), r=4, dropout=0.0, top_layers=1)
+    bf16 = choose_precision("bf16", "cpu")
+    sampling = SamplingConfig(max_new_tokens=8, temperature=1.0, n=3, seed=11)
+    prompts = ["alice moved to paris in may", "bob keeps two cats and a dog"]
+
+    def decoded(engine: HFEngine) -> list[tuple[list[int], list[float], torch.Tensor]]:
+        out = engine.generate(prompts, sampling, trunk_depth=1)
+        return [(g.response_ids, g.logprobs, g.trunk_hidden) for samples in out for g in samples]
+
+    plain = HFEngine(model, tokenizer, precision=bf16, frozen_copies=FrozenLinearCopies(FP32))  # no copies: autocast casts
+    copied = HFEngine(model, tokenizer, precision=bf16)
+    for (ids, logprobs, trunk), (ids2, logprobs2, trunk2) in zip(decoded(plain), decoded(copied), strict=True):
+        assert ids == ids2 and logprobs == logprobs2 and torch.equal(trunk, trunk2)
+    assert all(param.dtype == torch.float32 for param in model.parameters())  # the masters are back
+
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        head.weight.mul_(3.0)  # in place, as a merge or a load_state_dict would
+    assert [row[:2] for row in decoded(plain)] == [row[:2] for row in decoded(copied)]

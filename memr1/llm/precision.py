@@ -8,7 +8,8 @@ losses and the optimiser state stay fp32; the matmuls run in bf16.
 Measured on a 2-core EPYC with avx512_bf16 (SmolLM2-135M, docs/performance.md): a 16 x 450-token
 prefill 19.2 s -> 8.5 s, one decoding step at batch 16 5.9 -> 5.2 s per 32 tokens, a forward + backward
 of 8 x 464 tokens 42.0 -> 21.8 s. Every stage gains, so the rollout, the scoring forwards, the update and
-evaluation all run in the one precision chosen (bf16 *weights*, by contrast, decode slower than fp32).
+evaluation all run in the one precision chosen. The fp32 weights stay the masters; the frozen ones
+compute with bf16 copies made once (`FrozenLinearCopies`), the very numbers autocast's casts give.
 """
 
 from __future__ import annotations
@@ -103,19 +104,31 @@ def choose_precision(setting: str, device: torch.device | str, flags: frozenset[
 class FrozenLinearCopies:
     """The frozen `nn.Linear` weights of a model, held once in the compute dtype.
 
-    Autocast casts an fp32 weight to bf16 at every call: with LoRA (the base frozen) that is thousands
-    of copies per update, 0.2 s of a 2.7 s top-10 update on the EPYC above. The weights it would make
-    are the same each time, so `swapped` hands each frozen Linear a bf16 copy made once and gives the
-    fp32 weight back on exit: the forward computes exactly what autocast computes (the bf16 matmul casts
-    its input as before), minus the casts. The fp32 weights stay the masters; the copies cost 2 bytes
-    per frozen weight. A head tied to the input embedding gets its copy too, the embedding keeps its
-    fp32 weight (a bf16 lookup would put the residual stream in bf16). No-op in fp32; not for sharded
-    (FSDP) modules, whose weights the strategy owns.
+    Autocast caches its casts only for weights that require grad: a frozen fp32 weight (the base under
+    LoRA, an evaluated agent) is cast to bf16 at every call. That is thousands of copies per update
+    (0.2 s of a 2.7 s top-10 update on the EPYC above) and every weight at every decoded token (the
+    overfit check's rollout, 32 rows of up to 32 tokens: 14.2 s -> 11.1 s a step). The weights it
+    would make are the same each time, so `swapped` hands each frozen Linear a bf16 copy made once and
+    gives the fp32 weight back on exit: the forward computes exactly what autocast computes (the bf16
+    matmul casts its input as before), minus the casts. A copy is made again when its weight was
+    replaced or changed in place (its version counter moved). The fp32 weights stay the masters; the
+    copies cost 2 bytes per frozen weight. A head tied to the input embedding gets its copy too, the
+    embedding keeps its fp32 weight (a bf16 lookup would put the residual stream in bf16). No-op in
+    fp32; not for sharded (FSDP) modules, whose weights the strategy owns.
     """
 
     def __init__(self, precision: Precision) -> None:
         self.precision = precision
-        self._copies: dict[nn.Linear, nn.Parameter] = {}
+        # Per Linear: the fp32 weight a copy was made from, that weight's version then, and the copy.
+        self._copies: dict[nn.Linear, tuple[nn.Parameter, int, nn.Parameter]] = {}
+
+    def _copy_of(self, module: nn.Linear, master: nn.Parameter) -> nn.Parameter:
+        cached = self._copies.get(module)
+        if cached is not None and cached[0] is master and cached[1] == master._version:
+            return cached[2]
+        copy = nn.Parameter(master.detach().to(self.precision.dtype), requires_grad=False)
+        self._copies[module] = (master, master._version, copy)
+        return copy
 
     @contextlib.contextmanager
     def swapped(self, model: nn.Module) -> Iterator[None]:
@@ -128,11 +141,9 @@ class FrozenLinearCopies:
             for module in model.modules():
                 if not isinstance(module, nn.Linear) or module.weight.requires_grad or module.weight.dtype != torch.float32:
                     continue
-                copy = self._copies.get(module)
-                if copy is None:
-                    copy = self._copies[module] = nn.Parameter(module.weight.detach().to(self.precision.dtype), requires_grad=False)
-                masters.append((module, module.weight))
-                module.weight = copy
+                master = module.weight
+                masters.append((module, master))
+                module.weight = self._copy_of(module, master)
             yield
         finally:
             for module, master in masters:

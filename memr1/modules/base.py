@@ -93,7 +93,9 @@ class RLModule(LightningModule):
         self.precision = precision
         self._frozen_copies = FrozenLinearCopies(precision)
         # None: the policy samples for itself. A vLLM engine is set by train.py and kept in sync.
-        self.engine = engine or HFEngine(policy, tokenizer, batch_size=max(algo.micro_batch_size, 8), precision=precision)
+        self.engine = engine or HFEngine(
+            policy, tokenizer, batch_size=max(algo.micro_batch_size, 8), precision=precision, frozen_copies=self._frozen_copies
+        )
         # The sampler's log-probs are pi_old's when the policy sampled for itself in fp32 (the HF engine's
         # equal a forward pass within 1e-4). vLLM's, and bf16 decoding's (a token at a time rounds
         # differently from the update's whole-sequence forward), are the update's own: from its forward
@@ -274,8 +276,8 @@ class RLModule(LightningModule):
     @contextlib.contextmanager
     def compute_precision(self) -> Iterator[None]:
         """The scoring forwards' and the update's precision: autocast, with the frozen weights held in
-        its dtype (`FrozenLinearCopies`: the same numbers without a cast per call). The rollout keeps
-        fp32 weights: bf16 weights decoded slower (docs/performance.md)."""
+        its dtype (`FrozenLinearCopies`: the same numbers without a cast per call). The HF engine's
+        rollout computes with the same copies."""
         with self.precision.autocast(self.device):
             if self._sharded:
                 yield
