@@ -37,6 +37,7 @@ from omegaconf import OmegaConf
 
 from memr1.pipeline.report_file import REPORT_FILE
 from memr1.pipeline.tables import ScoredRun, compare_labelled, scores_against_base
+from memr1.provenance import code_version
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ROOT / "conf" / "pipeline"
@@ -156,7 +157,8 @@ def run_schedule(schedule: Schedule) -> int:
                 stage.name, code, directory,
             )
             return code
-        (directory / DONE).write_text(json.dumps({"seconds": round(time.perf_counter() - stage_started, 1)}) + "\n")
+        done = {"seconds": round(time.perf_counter() - stage_started, 1), "code": code_version()}
+        (directory / DONE).write_text(json.dumps(done) + "\n")
         log.info("stage %s finished in %.0f s", stage.name, time.perf_counter() - stage_started)
     log.info("pipeline %s finished in %.0f s (stages run now)", schedule.name, time.perf_counter() - started)
     table = report_table(schedule)

@@ -33,6 +33,7 @@ from memr1.factories import build_module, monitored_metric, trained_agent
 from memr1.interrupt import StopRequested
 from memr1.memory import BankLockedError
 from memr1.modules.base import RLModule
+from memr1.provenance import code_version, describe
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,7 @@ def run_training(cfg: DictConfig, run_dir: Path, data: LightningDataModule) -> R
     threads = cfg.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     log.info("torch uses %d CPU thread(s) of %d core(s) (threads=%s)", threads, os.cpu_count(), cfg.threads)
+    log.info("memr1 code: %s", describe(code_version()))  # each resume logs its own: a run may span commits
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resume_checkpoint(cfg.ckpt_path, run_dir)
     if ckpt_path:

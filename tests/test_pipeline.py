@@ -19,6 +19,7 @@ from memr1.memory import MemoryBank
 from memr1.banks.build import bank_name, build_banks, memory_items, raw_turn_facts
 from memr1.pipeline.evaluation import run_evaluation
 from memr1.pipeline.extraction import extract_facts
+from memr1.provenance import code_version
 from memr1.banks.policies import AddAllPolicy, ModelPolicy, add_op
 from memr1.types import Fact, Turn
 
@@ -172,6 +173,7 @@ def test_evaluate_end_to_end_writes_predictions_and_reports(tmp_path, tokenizer)
     report = json.loads((run_dir / "report.json").read_text())
     assert report["scores"]["count"] == len(questions)
     assert set(report["latency"]) >= {"memory_search", "answer", "manager"}
+    assert report["settings"]["code"] == code_version()  # the commit that scored it
     assert "**Overall**" in (run_dir / "report.md").read_text()
     assert (run_dir / "scores.png").stat().st_size > 0
     assert 0.0 <= result["scores"]["f1"] <= 100.0

@@ -17,6 +17,7 @@ from hydra import compose, initialize_config_dir
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.testing import save_tiny_checkpoint
 from memr1.preflight import EVALUATE_GROUPS, TRAIN_GROUPS, check_typed_groups
+from memr1.provenance import code_version
 from memr1.pipeline.report_file import EvalReport
 from memr1.schedule import DONE, load_schedule, report_table, stage_command
 from tests.processes import ROOT, environment, wait_for_line
@@ -164,7 +165,7 @@ def test_the_alternating_pipeline_resumes_after_a_kill_at_a_stage_boundary(backb
     assert first_done.read_text() == finished_first
     assert (root / "manager-sft" / "csv" / "metrics.csv").read_text() == metrics  # not trained again
     for stage in ("manager-grpo", "answer-sft", "answer-grpo", "evaluate"):
-        assert (root / stage / DONE).exists(), stage
+        assert json.loads((root / stage / DONE).read_text())["code"] == code_version(), stage  # the commit that ran it
     # Each RL stage started from its SFT stage's export, and the answer stages used the trained Manager.
     assert json.loads((root / "answer-grpo" / "policy" / "last" / "warm_start.json").read_text())["init"].endswith("answer-sft/policy/best")
     assert "| alternating |" in rerun.stdout

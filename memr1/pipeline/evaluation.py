@@ -32,6 +32,7 @@ from memr1.pipeline.compare import PREDICTIONS
 from memr1.pipeline.extraction import extract_facts
 from memr1.pipeline.report import score_predictions, write_report
 from memr1.progress import progress_bar
+from memr1.provenance import code_version
 from memr1.timing import StageTimer
 from memr1.types import Conversation, Fact, Question
 
@@ -220,6 +221,7 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "answer": dataclasses.asdict(answer),
         "bank_sizes": bank_sizes,
         "manager_format_errors": getattr(policy, "format_errors", 0),
+        "code": code_version(),  # the memr1 commit that scored it (None outside a git checkout)
         "resumed_predictions": len(answered),  # answered by a stopped run: latency and wall time leave them out
         "wall_time_s": round(time.perf_counter() - started, 1),
     }
