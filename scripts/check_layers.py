@@ -18,7 +18,7 @@ PACKAGES = ("memr1", "data_modules")
 
 # Bottom to top. Same-layer imports are allowed (a cycle among them is still reported).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundations", ("memr1.types", "memr1.interrupt", "memr1.config", "memr1.timing", "memr1.progress", "memr1.quiet", "memr1.preflight", "memr1.seeds", "memr1.shipped", "memr1.faults", "memr1.lightning_loop")),
+    ("foundations", ("memr1.types", "memr1.interrupt", "memr1.config", "memr1.timing", "memr1.progress", "memr1.quiet", "memr1.preflight", "memr1.seeds", "memr1.shipped", "memr1.faults", "memr1.lightning_loop", "memr1.provenance")),
     ("data", ("memr1.datasets",)),
     ("models", ("memr1.llm", "memr1.embed")),
     ("metrics", ("memr1.metrics",)),
