@@ -13,12 +13,17 @@ Inputs:
 - `--versus B=A` (repeatable, labels): more pairs scored the same way, e.g. each RL row against the SFT
   row it started from.
 - `--commands FILE`: optional `label<TAB>command` lines, the command behind each run.
+- `--pipeline NAME`: all of the above read from `memr1 pipeline NAME`'s schedule instead: each finished
+  evaluation stage with a `report` label is an `--eval` row, each finished RL training stage a
+  `--train` run, each `versus` a pair (the first one is `--base` / `--trained`), and the commands are
+  the stages' own. Unfinished stages are left out and named; options given as well add to it.
 
 Outputs: `--json` (everything), `--markdown-out` (tables only, to paste into docs/cpu_lift.md) and
 `--figure` (one panel per training run: reward/mean and the probe reward by step on the left axis,
 val/f1 or val/reward on the right). Scores are 0-100 as in report.json; the samples' token F1 is
 rescaled to 0-100 too.
 
+    .venv/bin/python scripts/lift_report.py --pipeline cpu_lift     # the lift's finished stages
     .venv/bin/python scripts/lift_report.py \\
         --eval "Answer Agent, base=runs/cpu_lift/eval-base" \\
         --eval "Answer Agent, GRPO=runs/cpu_lift/eval-answer-grpo" \\
@@ -115,6 +120,39 @@ def read_commands(path: Path | None) -> dict[str, str]:
             raise SystemExit(f"error: --commands: {path}:{number} has no TAB between label and command")
         commands[label.strip()] = command.strip()
     return commands
+
+
+def pipeline_runs(name: str, console: Console) -> tuple[list[RunSpec], list[RunSpec], list[tuple[str, str]], dict[str, str]]:
+    """From the schedule of `memr1 pipeline NAME`: its finished evaluation stages with a report label
+    (in order), its finished RL training stages, the (trained, base) label pairs of its `versus` keys
+    whose both rows are finished, and the command of each. Unfinished stages are named on `console`."""
+    from memr1.schedule import DONE, load_schedule, stage_command
+
+    schedule = load_schedule(name)
+    evals: list[RunSpec] = []
+    trains: list[RunSpec] = []
+    pairs: list[tuple[str, str]] = []
+    commands: dict[str, str] = {}
+    waiting = []
+    for stage in schedule.stages:
+        directory = schedule.root / stage.name
+        if not (directory / DONE).is_file():
+            waiting.append(stage.name)
+            continue
+        # The stage's command as scheduled: a resumed run's ckpt_path=last is how it was run, not what.
+        args = [arg for arg in stage_command(schedule, stage)[2:] if arg != "ckpt_path=last"]
+        command = shlex.join(["python", stage.script, *args])
+        if stage.script == "evaluate.py" and stage.report:
+            evals.append(RunSpec(stage.report, directory))
+            commands[stage.report] = command
+            if stage.versus in commands:
+                pairs.append((stage.report, stage.versus))
+        elif stage.script == "train.py" and read_json(directory / "curves.json", stage.name)["train"].get("reward/mean"):
+            trains.append(RunSpec(stage.name, directory))
+            commands[stage.name] = command
+    if waiting:
+        console.print(f"pipeline {name}: not finished yet, left out: {', '.join(waiting)}")
+    return evals, trains, pairs, commands
 
 
 def word_count(prediction: object) -> int:
@@ -486,11 +524,12 @@ def print_summary(console: Console, rows: Sequence[dict], comparisons: Sequence[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    run_dir = {"type": parse_spec, "action": "append", "required": True, "metavar": "LABEL=DIR"}
+    run_dir = {"type": parse_spec, "action": "append", "default": [], "metavar": "LABEL=DIR"}
+    parser.add_argument("--pipeline", help="read the runs, pairs and commands from this `memr1 pipeline` schedule")
     parser.add_argument("--eval", help="an evaluate.py run dir (repeatable, order kept)", **run_dir)
     parser.add_argument("--train", help="a train.py run dir (repeatable)", **run_dir)
-    parser.add_argument("--base", required=True, help="the --eval label compared against")
-    parser.add_argument("--trained", required=True, help="the --eval label compared with --base")
+    parser.add_argument("--base", help="the --eval label compared against (with --pipeline: its first versus)")
+    parser.add_argument("--trained", help="the --eval label compared with --base")
     parser.add_argument("--versus", type=parse_pair, action="append", default=[], metavar="TRAINED=BASE",
                         help="another pair of --eval labels to compare (repeatable)")
     parser.add_argument("--commands", type=Path, help="label<TAB>command lines: the command behind each run")
@@ -500,6 +539,17 @@ def main() -> None:
     parser.add_argument("--markdown-out", type=Path, default=Path("docs/cpu_lift_tables.md"))
     parser.add_argument("--figure", type=Path, default=Path("docs/cpu_lift_curves.png"))
     args = parser.parse_args()
+    console = Console(width=150)
+    commands = read_commands(args.commands)
+    if args.pipeline:
+        evals, trains, pairs, scheduled = pipeline_runs(args.pipeline, console)
+        args.eval, args.train, commands = evals + args.eval, trains + args.train, scheduled | commands
+        if pairs and args.base is None and args.trained is None:
+            (args.trained, args.base), pairs = pairs[0], pairs[1:]
+        args.versus = pairs + args.versus
+    for option in ("eval", "train", "base", "trained"):
+        if not getattr(args, option):
+            parser.error(f"--{option} is required (or --pipeline, once a stage of that kind has finished)")
 
     labels = [spec.label for spec in args.eval + args.train]
     duplicates = sorted({label for label in labels if labels.count(label) > 1})
@@ -510,8 +560,6 @@ def main() -> None:
     for option, label in (("--base", args.base), ("--trained", args.trained), *(("--versus", label) for pair in args.versus for label in pair)):
         if label not in eval_labels:
             parser.error(f"{option} {label!r} is not an --eval label; expected one of {eval_labels}")
-    console = Console(width=150)
-    commands = read_commands(args.commands)
     for label in sorted(commands.keys() - set(labels)):
         console.print(f"[yellow]warning: --commands label {label!r} matches no --eval or --train label")
 

@@ -79,3 +79,48 @@ def test_the_report_of_a_fixture_run(tmp_path, monkeypatch):
     assert "### SFT -> GRPO against SFT (paired, 95% bootstrap interval)" in markdown and "### Training" in markdown
     assert "| No memory list % | Distill R | Distill P |" in markdown and "| 33.3 | 50.0 | – |" in markdown
     assert (out / "curves.png").stat().st_size > 0
+
+
+def test_the_report_of_a_pipeline_reads_its_finished_stages(tmp_path, monkeypatch, capsys):
+    """`--pipeline` takes the rows, the pairs and the commands from a schedule: finished evaluation
+    stages with a report label, finished RL training stages (not SFT's), each `versus`; a stage that
+    has not finished is left out and named."""
+    root = tmp_path / "runs"
+    schedule = tmp_path / "lift.yaml"
+    schedule.write_text(f"""root: {root}
+overrides:
+  evaluate.py: [split=test]
+stages:
+  - {{name: sft, script: train.py, args: [algo=sft]}}
+  - {{name: grpo, script: train.py, args: ["answer.ckpt={{sft}}/policy/last"]}}
+  - {{name: test-sft, script: evaluate.py, args: ["ckpt={{sft}}/policy/last"], report: SFT}}
+  - {{name: test-grpo, script: evaluate.py, args: ["ckpt={{grpo}}/policy/best"], report: SFT -> GRPO, versus: SFT}}
+  - {{name: test-later, script: evaluate.py, report: Later, versus: SFT}}
+""")
+    (root / "sft").mkdir(parents=True)
+    (root / "sft" / "curves.json").write_text(json.dumps({"train": {"sft/loss": [[1, 2.0]]}, "val": {}}))
+    training(root / "grpo")
+    evaluation(root / "test-sft", {"q1": "Porto", "q2": "a dog", "q3": ""}, 33.33)
+    evaluation(root / "test-grpo", {"q1": "Lisbon", "q2": "a dog", "q3": "May"}, 88.89)
+    for stage in ("sft", "grpo", "test-sft", "test-grpo"):
+        (root / stage / "STAGE_DONE").write_text('{"seconds": 1.0}\n')
+    (root / "grpo" / "checkpoints").mkdir()
+    (root / "grpo" / "checkpoints" / "last.ckpt").write_text("")  # a resumed run: its command stays as scheduled
+    out = tmp_path / "out"
+    spec = importlib.util.spec_from_file_location("lift_report", SCRIPT)
+    lift_report = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "lift_report", lift_report)
+    spec.loader.exec_module(lift_report)
+    monkeypatch.setattr(sys, "argv", [
+        str(SCRIPT), "--pipeline", str(schedule), "--samples", "3",
+        "--json", str(out / "lift.json"), "--markdown-out", str(out / "lift.md"), "--figure", str(out / "curves.png"),
+    ])
+    lift_report.main()
+
+    report = json.loads((out / "lift.json").read_text())
+    assert [row["label"] for row in report["eval"]] == ["SFT", "SFT -> GRPO"]
+    assert [(pair["a"], pair["b"]) for pair in report["comparisons"]] == [("SFT", "SFT -> GRPO")]
+    assert report["eval"][1]["command"] == f"python evaluate.py split=test ckpt={root}/grpo/policy/best hydra.run.dir={root}/test-grpo"
+    (run,) = report["train"]
+    assert (run["label"], run["command"]) == ("grpo", f"python train.py answer.ckpt={root}/sft/policy/last run_dir={root}/grpo")
+    assert "not finished yet, left out: test-later" in capsys.readouterr().out
