@@ -61,6 +61,9 @@ SCORES = LEXICAL_COLUMNS
 LENGTH_BUCKETS = ("0", "1", "2", "3", "4", "5", "6", "7-10", "11-20", ">20")
 # train.log lines start with Hydra's "[2026-11-30 04:49:31,335][logger][LEVEL] - ..."
 LOG_TIMESTAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3})\]")
+# Each start of train.py logs this (memr1.training) within milliseconds of its first line.
+RUN_START = "[memr1.training][INFO] - torch uses "
+START_LINES_S = 5.0
 # Validation keys in the order that picks a run's headline score (Answer runs log F1, Manager runs reward).
 PRIMARY_VAL_KEYS = ("val/f1", "val/reward")
 SAMPLE_CELL_CHARS = 120
@@ -286,14 +289,26 @@ def read_metrics_csv(path: Path, what: str) -> list[dict[str, float]]:
 
 
 def log_wall_time_s(path: Path) -> float | None:
-    """Seconds between the first and last timestamped lines of train.log; None with fewer than two."""
+    """Seconds train.log's processes ran, summed: a run resumed across sessions has one segment per
+    start of train.py (its `torch uses` line and the lines logged in the seconds just before it), and
+    the time between the last line of one and the start of the next is not the run's. None with fewer
+    than two timestamped lines."""
     if not path.is_file():
         return None
-    stamps = [match.group(1) for line in path.read_text().splitlines() if (match := LOG_TIMESTAMP.match(line))]
-    if len(stamps) < 2:
+    lines = [(datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f"), line)
+             for line in path.read_text().splitlines() if (match := LOG_TIMESTAMP.match(line))]
+    if len(lines) < 2:
         return None
-    first, last = (datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f") for stamp in (stamps[0], stamps[-1]))
-    return (last - first).total_seconds()
+    starts = [0]
+    for index, (stamp, line) in enumerate(lines):
+        if RUN_START in line:
+            first = index
+            while first > starts[-1] and (stamp - lines[first - 1][0]).total_seconds() <= START_LINES_S:
+                first -= 1
+            if first > starts[-1]:  # not the first process's own start
+                starts.append(first)
+    ends = [*starts[1:], len(lines)]
+    return sum((lines[end - 1][0] - lines[start][0]).total_seconds() for start, end in zip(starts, ends) if end > start)
 
 
 def quarter_means(values: Sequence[float], scale: float = 1.0) -> dict[str, float | None]:
