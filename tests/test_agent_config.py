@@ -3,6 +3,7 @@ Answer Agent from the same `answer` group, and the bank recipe names identical b
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -60,10 +61,17 @@ def test_identical_bank_recipes_share_one_name_and_different_ones_do_not(tmp_pat
     assert train == evaluation and train.signature() == evaluation.signature()
     assert train.signature().startswith("locomo-observation-add_all-")
     prompted = bank_recipe(composed("evaluate", "banks=manager"))
-    trained = bank_recipe(composed("evaluate", "banks=manager", f"manager.ckpt={tmp_path}"))
+    export = save_tiny_checkpoint(tmp_path / "export", load_tokenizer("embedded:smollm2-135m-instruct"))
+    trained = bank_recipe(composed("evaluate", "banks=manager", f"manager.ckpt={export}"))
     raw = bank_recipe(composed("evaluate", "banks=manager", "memory=raw_turns"))
     assert len({train.signature(), prompted.signature(), trained.signature()}) == 3
-    assert prompted.writer["manager"]["ckpt"] is None and trained.writer["manager"]["ckpt"] == str(tmp_path)
+    assert prompted.writer["manager"]["ckpt"] is None and trained.writer["manager"]["ckpt"] == str(export)
+    # A trained Manager is named by its weights: a copy elsewhere shares its banks, the same export
+    # rewritten in place (a run's policy/best, later in training) does not.
+    copy = Path(shutil.copytree(export, tmp_path / "copy"))
+    assert bank_recipe(composed("evaluate", "banks=manager", f"manager.ckpt={copy}")).signature() == trained.signature()
+    save_tiny_checkpoint(export, load_tokenizer("embedded:smollm2-135m-instruct"), seed=1)
+    assert bank_recipe(composed("evaluate", "banks=manager", f"manager.ckpt={export}")).signature() != trained.signature()
     # Raw turns are ADDed whoever the policy is: no model writes them, so the Manager is not in the name.
     assert not raw.uses_manager and raw.signature().startswith("locomo-raw_turns-add_all-")
     assert raw == bank_recipe(composed("evaluate", "memory=raw_turns"))

@@ -24,6 +24,7 @@ from memr1.banks.build import bank_name, build_banks
 from memr1.banks.policies import MemoryPolicy
 from memr1.config import BANK_POLICIES
 from memr1.embed import Embedder
+from memr1.llm.loading import weights_digest
 from memr1.memory import BankLockedError, MemoryBank
 from memr1.memory.ephemeral import MEMORY_URI
 from memr1.timing import StageTimer
@@ -37,8 +38,9 @@ class BankRecipe:
 
     data, data_path: the dataset kind and file. source: `memory.source` (observation | raw_turns | llm).
     policy: "add_all", or "manager" (the Memory Manager decides; raw turns are always ADDed).
-    writer: the settings of every model that writes memories (the Manager's backbone, checkpoint and
-        decoding; the extractor's, for source=llm); empty for ADD-all over the dataset's items.
+    writer: the settings of every model that writes memories (the Manager's backbone, checkpoint, the
+        digest of its weights (`weights_digest`) and decoding; the extractor's, for source=llm); empty
+        for ADD-all over the dataset's items.
     embedder: the sentence-transformers model of the vectors (`banks.embedder`; None: all-MiniLM-L6-v2).
     """
 
@@ -63,6 +65,11 @@ class BankRecipe:
         recipe = dataclasses.asdict(self)
         if self.embedder is None:  # the default embedder stays out: banks built before the key keep their names
             del recipe["embedder"]
+        manager = recipe["writer"].get("manager")
+        if manager and manager.get("weights"):
+            # A trained Manager is named by its weights: copies of one export share banks, an export
+            # rewritten in place (a run's policy/best) gets new ones.
+            del manager["ckpt"]
         body = json.dumps(recipe, sort_keys=True, default=str)
         policy = "manager" if self.uses_manager else "add_all"
         return f"{self.data}-{self.source}-{policy}-{hashlib.sha256(body.encode()).hexdigest()[:10]}"
@@ -82,6 +89,7 @@ def bank_recipe(cfg: Any) -> BankRecipe:
         writer["manager"] = {
             "backbone": str(cfg.backbone.name_or_path),
             "ckpt": None if manager.ckpt is None else str(manager.ckpt),
+            "weights": None if manager.ckpt is None else weights_digest(manager.ckpt),
             "num_candidates": int(manager.num_candidates),
             "max_new_tokens": int(manager.max_new_tokens),
         }

@@ -228,6 +228,21 @@ def checkpoint_chain(adapter: str | os.PathLike[str]) -> list[Path]:
     return chain
 
 
+def weights_digest(ckpt: str | os.PathLike[str]) -> str:
+    """A digest of what `ckpt` puts on the backbone: the contents of the weight and config files of its
+    chain (`checkpoint_chain`, warm starts first), not where they are kept. Two copies of one export
+    share it; an export rewritten in place (a run's `policy/best`) gets another."""
+    digest = hashlib.sha256()
+    for checkpoint in checkpoint_chain(ckpt):
+        for file in sorted(checkpoint.iterdir()):
+            if file.suffix in (".safetensors", ".bin") or file.name.endswith("config.json"):
+                digest.update(file.name.encode())
+                with file.open("rb") as handle:
+                    while chunk := handle.read(1 << 20):
+                        digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
 def merged_checkpoint(
     name_or_path: str | os.PathLike[str],
     ckpt: str | os.PathLike[str],
