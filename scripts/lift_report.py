@@ -146,10 +146,10 @@ def pipeline_runs(name: str, console: Console) -> tuple[list[RunSpec], list[RunS
         args = [arg for arg in stage_command(schedule, stage)[2:] if arg != "ckpt_path=last"]
         command = shlex.join(["python", stage.script, *args])
         if stage.script == "evaluate.py" and stage.report:
+            if stage.versus in [spec.label for spec in evals]:
+                pairs.append((stage.report, stage.versus))
             evals.append(RunSpec(stage.report, directory))
             commands[stage.report] = command
-            if stage.versus in commands:
-                pairs.append((stage.report, stage.versus))
         elif stage.script == "train.py" and read_json(directory / "curves.json", stage.name)["train"].get("reward/mean"):
             trains.append(RunSpec(stage.name, directory))
             commands[stage.name] = command
