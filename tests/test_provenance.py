@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from memr1.provenance import code_version, describe
+
+pytestmark = pytest.mark.slow  # git processes
 
 
 def git(root: Path, *args: str) -> str:
