@@ -54,7 +54,8 @@ from rich.table import Table
 from memr1.datasets.registry import category_names
 from memr1.metrics.lexical import token_f1
 from memr1.pipeline.compare import markdown as comparison_markdown
-from memr1.pipeline.report_file import DISTILL_COLUMNS, LEXICAL_COLUMNS, NO_MEMORY_LIST, EvalReport
+from memr1.pipeline.report import memory_listed_pct
+from memr1.pipeline.report_file import DISTILL_COLUMNS, LEXICAL_COLUMNS, EvalReport
 from memr1.pipeline.tables import ScoredRun, cell, compare_labelled, markdown_table, number
 
 SCORES = LEXICAL_COLUMNS
@@ -211,7 +212,8 @@ def eval_row(spec: RunSpec, command: str | None) -> tuple[dict, list[dict]]:
         },
         "format_error_rate": scores["format_error_rate"],
         # Did the distilling agent keep its memory list, and were the memories it chose the evidence?
-        "no_memory_list_pct": scores.get(NO_MEMORY_LIST),
+        # From the predictions, so reports written before evaluate.py scored it have it too.
+        "memory_listed_pct": memory_listed_pct([p["selected_memories"] for p in predictions]) if answer["distill"] else None,
         **{key: scores.get(key) for key, _ in DISTILL_COLUMNS},
         "mean_answer_words": scores["mean_answer_words"],
         "wall_time_s": settings["wall_time_s"],
@@ -377,7 +379,7 @@ def train_summary(spec: RunSpec, command: str | None) -> dict:
 
 
 def scores_table(rows: Sequence[dict]) -> str:
-    header = ["Run", "n", *(title for _, title in SCORES), "Format errors %", "No memory list %", *(title for _, title in DISTILL_COLUMNS),
+    header = ["Run", "n", *(title for _, title in SCORES), "Format errors %", "Memory listed %", *(title for _, title in DISTILL_COLUMNS),
               "Mean words", "Banks", "Manager format errors", "Memories in the banks", "Wall time (min)"]
     body = [
         [
@@ -385,7 +387,7 @@ def scores_table(rows: Sequence[dict]) -> str:
             str(row["count"]),
             *(number(row[key]) for key, _ in SCORES),
             number(row["format_error_rate"], 1),
-            number(row["no_memory_list_pct"], 1),
+            number(row["memory_listed_pct"], 1),
             *(number(row[key], 1) for key, _ in DISTILL_COLUMNS),
             number(row["mean_answer_words"], 1),
             row["settings"]["banks"],

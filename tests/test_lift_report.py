@@ -19,11 +19,13 @@ GOLD = {"q1": ("Where did Ann move?", "Lisbon", 1), "q2": ("What did Bo adopt?",
 
 def evaluation(directory: Path, answers: dict[str, str], f1: float) -> Path:
     directory.mkdir(parents=True)
-    rows = [{"qid": qid, "conversation_id": "conv-x", "question": question, "gold": gold, "prediction": answers[qid], "category": category}
+    listed = {"q1": ["Ann moved to Lisbon"], "q2": [], "q3": ["in May"]}  # the second reply lists none
+    rows = [{"qid": qid, "conversation_id": "conv-x", "question": question, "gold": gold, "prediction": answers[qid], "category": category,
+             "selected_memories": listed[qid]}
             for qid, (question, gold, category) in GOLD.items()]
     (directory / "predictions.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     scores = {"f1": f1, "bleu1": f1, "em": 0.0, "count": 3.0, "format_error_rate": 0.0, "mean_answer_words": 1.0,
-              "format_error_rate/missing_memory_list": 33.3, "distill_recall": 50.0, "distill_recall/cat2": 25.0,
+              "distill_recall": 50.0, "distill_recall/cat2": 25.0,
               **{f"{key}/cat{c}": f1 for key in ("f1", "bleu1", "em") for c in (1, 2)}, "count/cat1": 2.0, "count/cat2": 1.0}
     settings = {"data": "locomo", "split": "test", "memory": "observation", "wall_time_s": 30.0, "bank_sizes": {"conv-x": 5},
                 "bank_recipe": {"policy": "add_all", "writer": {}},
@@ -63,7 +65,8 @@ def test_the_report_of_a_fixture_run(tmp_path, monkeypatch):
     assert [row["label"] for row in report["eval"]] == ["SFT", "SFT -> GRPO"]
     assert report["eval"][1]["per_category"]["2"]["count"] == 1
     # Whether the distilling agent kept its memory list, and its distillation, per row and category.
-    assert (report["eval"][0]["no_memory_list_pct"], report["eval"][0]["distill_recall"], report["eval"][0]["distill_precision"]) == (33.3, 50.0, None)
+    assert report["eval"][0]["memory_listed_pct"] == pytest.approx(200 / 3)
+    assert (report["eval"][0]["distill_recall"], report["eval"][0]["distill_precision"]) == (50.0, None)
     assert report["eval"][0]["per_category"]["2"]["distill_recall"] == 25.0
     # Per question F1: SFT 0, 100, 0; SFT -> GRPO 100, 100, 66.67 ("May" against "in May": P 1, R 1/2).
     (comparison,) = report["comparisons"]
@@ -77,7 +80,7 @@ def test_the_report_of_a_fixture_run(tmp_path, monkeypatch):
     assert summary["zero_std_group_pct"] == {"first_quarter": 50.0, "last_quarter": 0.0}
     markdown = (out / "lift.md").read_text()
     assert "### SFT -> GRPO against SFT (paired, 95% bootstrap interval)" in markdown and "### Training" in markdown
-    assert "| No memory list % | Distill R | Distill P |" in markdown and "| 33.3 | 50.0 | – |" in markdown
+    assert "| Memory listed % | Distill R | Distill P |" in markdown and "| 66.7 | 50.0 | – |" in markdown
     assert (out / "curves.png").stat().st_size > 0
 
 

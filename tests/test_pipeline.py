@@ -174,6 +174,9 @@ def test_evaluate_end_to_end_writes_predictions_and_reports(tmp_path, tokenizer)
     assert report["scores"]["count"] == len(questions)
     assert set(report["latency"]) >= {"memory_search", "answer", "manager"}
     assert report["settings"]["code"] == code_version()  # the commit that scored it
+    # The distilling agent (the default): the share of its replies that list a memory, from the rows.
+    assert report["settings"]["answer"]["distill"]
+    assert report["scores"]["memory_listed"] == pytest.approx(100 * sum(bool(row["selected_memories"]) for row in rows) / len(rows))
     assert "**Overall**" in (run_dir / "report.md").read_text()
     assert (run_dir / "scores.png").stat().st_size > 0
     assert 0.0 <= result["scores"]["f1"] <= 100.0

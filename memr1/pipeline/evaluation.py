@@ -30,7 +30,8 @@ from memr1.llm.sampling import SamplingConfig
 from memr1.pipeline.answering import Prediction, answer_questions
 from memr1.pipeline.compare import PREDICTIONS
 from memr1.pipeline.extraction import extract_facts
-from memr1.pipeline.report import score_predictions, write_report
+from memr1.pipeline.report import memory_listed_pct, score_predictions, write_report
+from memr1.pipeline.report_file import MEMORY_LISTED
 from memr1.progress import progress_bar
 from memr1.provenance import code_version
 from memr1.timing import StageTimer
@@ -209,6 +210,8 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     for kind in ANSWER_FORMAT_ERRORS:  # each kind's share: a reply without its memory list is one
         scores[f"format_error_rate/{kind}"] = 100.0 * sum(p.format_error == kind for p in predictions) / len(predictions)
     scores["mean_answer_words"] = sum(len(p.prediction.split()) for p in predictions) / len(predictions)
+    if answer.distill:
+        scores[MEMORY_LISTED] = memory_listed_pct([p.selected_memories for p in predictions])
     latency = timer.summary()
     settings = {
         "data": cfg.data.kind,

@@ -37,6 +37,12 @@ def score_predictions(
     return scores
 
 
+def memory_listed_pct(selected_memories: Sequence[Sequence[str]]) -> float:
+    """The share (x100) of a distilling agent's replies, given the memories each listed, that list at
+    least one."""
+    return 100.0 * sum(bool(lines) for lines in selected_memories) / len(selected_memories)
+
+
 def distillation_scores(predictions: Sequence[Prediction]) -> dict[str, float]:
     """Mean distillation recall / precision and evidence retrieved (x100), overall and per category,
     over the predictions that have each; nothing for an agent that does not distil."""

@@ -21,8 +21,9 @@ LEXICAL_COLUMNS = (("f1", "F1"), ("bleu1", "BLEU-1"), ("em", "EM"))
 SCORE_COLUMNS = (*LEXICAL_COLUMNS, ("j", "J"))  # J: the LLM judge, where one ran
 # Distillation against evidence (memr1.metrics.distill), where the agent distils.
 DISTILL_COLUMNS = (("distill_recall", "Distill R"), ("distill_precision", "Distill P"), ("evidence_retrieved", "Evidence retrieved"))
-# The share of replies that listed no memory (the distilling agent's format error `missing_memory_list`).
-NO_MEMORY_LIST = "format_error_rate/missing_memory_list"
+# The share of a distilling agent's replies that list at least one memory. An empty list under its
+# heading is no format error, so `format_error_rate/missing_memory_list` does not count it.
+MEMORY_LISTED = "memory_listed"
 
 
 @dataclass(frozen=True)
