@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from memr1 import interrupt
 
 FAULT_ENV = "MEMR1_FAULT"
-POINTS = ("bank_write", "train_step", "micro_batch", "validation_batch", "checkpoint_write", "answer_batch")
+POINTS = ("bank_write", "train_step", "micro_batch", "probe", "validation_batch", "checkpoint_write", "answer_batch")
 
 
 WAIT = "WAIT"

@@ -8,9 +8,12 @@ when `StopRequested` surfaces and ends the process with 128 + the signal's numbe
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
 
 _requested: int | None = None
+_deferring = 0  # open `deferred()` blocks
 
 
 class StopRequested(Exception):
@@ -37,6 +40,20 @@ def requested() -> int | None:
 
 
 def raise_if_requested() -> None:
-    """`StopRequested` when a stop signal is pending: call it where stopping loses no work."""
-    if _requested is not None:
+    """`StopRequested` when a stop signal is pending: call it where stopping loses no work. Inside a
+    `deferred()` block it waits for the block's end."""
+    if _requested is not None and not _deferring:
         raise StopRequested(_requested)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Work that must finish once begun: a stop requested inside is honoured at the first safe point
+    after the block (a training step's work after its optimiser step, so that a checkpoint holds whole
+    steps). A second Ctrl-C still stops at once."""
+    global _deferring
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1

@@ -31,7 +31,7 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import nn
 
-from memr1 import lightning_loop
+from memr1 import interrupt, lightning_loop
 from memr1.envs.base import Environment, Reward
 from memr1.faults import fault_point
 from memr1.interrupt import raise_if_requested
@@ -361,8 +361,10 @@ class RLModule(LightningModule):
             return self.held_out.probe_reward(self.rollout_sampling())
 
     def probe_metrics(self) -> dict[str, float]:
-        """This step's `train/probe_reward` when it is a probe step, else nothing."""
-        with self._evaluating():
+        """This step's `train/probe_reward` when it is a probe step, else nothing. It runs after the
+        optimiser step: a stop signal waits for the step's end (`deferred`), where the checkpoint holds
+        the whole step and the validation due after it."""
+        with self._evaluating(), interrupt.deferred():
             return self.held_out.probe_metrics(self.rollout_sampling(), self.global_step)
 
     def sample_validation_rewards(self, states: Sequence[Any]) -> None:

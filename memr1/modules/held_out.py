@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from memr1.envs.base import Environment
+from memr1.faults import fault_point
 from memr1.llm.engines import GenerationEngine
 from memr1.llm.sampling import SamplingConfig
 from memr1.seeds import stream_seed
@@ -60,6 +61,7 @@ class HeldOutRewards:
         """`train/probe_reward` and its seconds at step 1 and every `probe_every_n_steps`, else nothing."""
         if not self.probe or not self.probe_every_n_steps or (global_step % self.probe_every_n_steps and global_step != 1):
             return {}
+        fault_point("probe")
         started = time.perf_counter()
         reward = self.probe_reward(sampling)
         return {"train/probe_reward": reward, "time/probe_s": time.perf_counter() - started}
