@@ -117,8 +117,8 @@ class FirstOfGroupEnv:
 
 
 def train_one_step(tokenizer, reuse: bool, separate_engine: bool) -> tuple[dict[str, torch.Tensor], dict, list[int]]:
-    """One GRPO step with the KL on: the policy's gradients at the optimiser step, the step's metrics, and the rows of every
-    run of layer 0 after the rollout. `separate_engine`: the rollout comes from an engine that is not
+    """One GRPO step with the KL on: the policy's gradients at the optimiser step, the step's metrics,
+    and the rows of every run of layer 0 after the rollout. `separate_engine`: the rollout comes from an engine that is not
     the module's own (as vLLM's), so nothing is recorded and the old log-probs are recomputed."""
     model = top_two_lora(tokenizer, seed=7)
     algo = AlgoConfig(name="grpo", group_size=3, actor_lr=1e-2, kl_coef=0.1, micro_batch_size=3, reuse_frozen_trunk=reuse)
