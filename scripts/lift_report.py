@@ -51,6 +51,7 @@ from statistics import mean
 from rich.console import Console
 from rich.table import Table
 
+from memr1.banks.build import OPERATION_KINDS
 from memr1.datasets.registry import category_names
 from memr1.metrics.lexical import token_f1
 from memr1.pipeline.compare import markdown as comparison_markdown
@@ -101,12 +102,12 @@ def read_json(path: Path, what: str) -> dict:
 
 def read_predictions(path: Path, what: str) -> list[dict]:
     rows = []
-    for number, line in enumerate(require(path, what).read_text().splitlines(), start=1):
+    for line_number, line in enumerate(require(path, what).read_text().splitlines(), start=1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as error:
-                raise SystemExit(f"error: {what}: {path}:{number} is not valid JSON ({error})") from error
+                raise SystemExit(f"error: {what}: {path}:{line_number} is not valid JSON ({error})") from error
     if not rows:
         raise SystemExit(f"error: {what}: {path} holds no predictions")
     return rows
@@ -116,12 +117,12 @@ def read_commands(path: Path | None) -> dict[str, str]:
     if path is None:
         return {}
     commands = {}
-    for number, line in enumerate(require(path, "--commands").read_text().splitlines(), start=1):
+    for line_number, line in enumerate(require(path, "--commands").read_text().splitlines(), start=1):
         if not line.strip() or line.startswith("#"):
             continue
         label, sep, command = line.partition("\t")
         if not sep:
-            raise SystemExit(f"error: --commands: {path}:{number} has no TAB between label and command")
+            raise SystemExit(f"error: --commands: {path}:{line_number} has no TAB between label and command")
         commands[label.strip()] = command.strip()
     return commands
 
@@ -228,8 +229,9 @@ def eval_row(spec: RunSpec, command: str | None) -> tuple[dict, list[dict]]:
             "memory": settings["memory"],
             "split": settings["split"],
         },
-        # What the banks' writer did: malformed operations, and the memories it left in the banks.
-        "manager_format_errors": settings.get("manager_format_errors", 0),
+        # What the banks' writer did with the facts (None in reports written before evaluate.py counted
+        # it), and the memories it left in the banks.
+        "bank_operations": settings.get("bank_operations"),
         "bank_size": sum(settings["bank_sizes"].values()),
         "length_distribution": length_distribution(predictions),
     }
@@ -378,9 +380,18 @@ def train_summary(spec: RunSpec, command: str | None) -> dict:
 # --- markdown ----------------------------------------------------------------------------------
 
 
+def operation_shares(operations: dict | None) -> str:
+    """'90.1 / 1.0 / 0.1 / 8.8 (malformed 12)': each operation's share of the facts the banks were built from."""
+    if operations is None:
+        return ""
+    total = max(sum(operations[kind] for kind in OPERATION_KINDS), 1)
+    shares = " / ".join(f"{100.0 * operations[kind] / total:.1f}" for kind in OPERATION_KINDS)
+    return shares if not operations.get("malformed") else f"{shares} (malformed {operations['malformed']})"
+
+
 def scores_table(rows: Sequence[dict]) -> str:
     header = ["Run", "n", *(title for _, title in SCORES), "Format errors %", "Memory listed %", *(title for _, title in DISTILL_COLUMNS),
-              "Mean words", "Banks", "Manager format errors", "Memories in the banks", "Wall time (min)"]
+              "Mean words", "Banks", "Writes ADD / UPDATE / DELETE / NOOP %", "Memories in the banks", "Wall time (min)"]
     body = [
         [
             cell(row["label"]),
@@ -391,7 +402,7 @@ def scores_table(rows: Sequence[dict]) -> str:
             *(number(row[key], 1) for key, _ in DISTILL_COLUMNS),
             number(row["mean_answer_words"], 1),
             row["settings"]["banks"],
-            str(row["manager_format_errors"]),
+            operation_shares(row["bank_operations"]),
             str(row["bank_size"]),
             number(row["wall_time_s"] / 60, 1),
         ]

@@ -17,7 +17,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "lift_report.py"
 GOLD = {"q1": ("Where did Ann move?", "Lisbon", 1), "q2": ("What did Bo adopt?", "a dog", 1), "q3": ("When?", "in May", 2)}
 
 
-def evaluation(directory: Path, answers: dict[str, str], f1: float) -> Path:
+def evaluation(directory: Path, answers: dict[str, str], f1: float, operations: dict | None = None) -> Path:
     directory.mkdir(parents=True)
     listed = {"q1": ["Ann moved to Lisbon"], "q2": [], "q3": ["in May"]}  # the second reply lists none
     rows = [{"qid": qid, "conversation_id": "conv-x", "question": question, "gold": gold, "prediction": answers[qid], "category": category,
@@ -30,6 +30,8 @@ def evaluation(directory: Path, answers: dict[str, str], f1: float) -> Path:
     settings = {"data": "locomo", "split": "test", "memory": "observation", "wall_time_s": 30.0, "bank_sizes": {"conv-x": 5},
                 "bank_recipe": {"policy": "add_all", "writer": {}},
                 "answer": {"ckpt": None, "k_per_speaker": 5, "max_new_tokens": 64, "distill": True}}
+    if operations is not None:  # reports written before evaluate.py counted them have none
+        settings["bank_operations"] = operations
     EvalReport("fixture", scores, {"answer": {"p50_s": 1.0, "p95_s": 2.0}}, settings).write(directory)
     return directory
 
@@ -47,7 +49,8 @@ def training(directory: Path) -> Path:
 
 def test_the_report_of_a_fixture_run(tmp_path, monkeypatch):
     base = evaluation(tmp_path / "base", {"q1": "Porto", "q2": "a dog", "q3": ""}, 33.33)
-    trained = evaluation(tmp_path / "trained", {"q1": "Lisbon", "q2": "a dog", "q3": "May"}, 88.89)
+    operations = {"ADD": 6, "UPDATE": 1, "DELETE": 1, "NOOP": 2, "malformed": 1, "rejected": 0}
+    trained = evaluation(tmp_path / "trained", {"q1": "Lisbon", "q2": "a dog", "q3": "May"}, 88.89, operations)
     run = training(tmp_path / "grpo")
     out = tmp_path / "out"
     spec = importlib.util.spec_from_file_location("lift_report", SCRIPT)
@@ -81,6 +84,8 @@ def test_the_report_of_a_fixture_run(tmp_path, monkeypatch):
     markdown = (out / "lift.md").read_text()
     assert "### SFT -> GRPO against SFT (paired, 95% bootstrap interval)" in markdown and "### Training" in markdown
     assert "| Memory listed % | Distill R | Distill P |" in markdown and "| 66.7 | 50.0 | – |" in markdown
+    # What wrote the banks, as shares of the facts: none known for the first report.
+    assert "| add_all | 60.0 / 10.0 / 10.0 / 20.0 (malformed 1) | 5 |" in markdown and "| add_all |  | 5 |" in markdown
     assert (out / "curves.png").stat().st_size > 0
 
 

@@ -16,12 +16,12 @@ from memr1.llm.loading import load_tokenizer
 from memr1.llm.sampling import SamplingConfig
 from memr1.llm.testing import tiny_causal_lm
 from memr1.memory import MemoryBank
-from memr1.banks.build import bank_name, build_banks, memory_items, raw_turn_facts
+from memr1.banks.build import bank_name, bank_operations, build_banks, describe_operations, memory_items, raw_turn_facts
 from memr1.pipeline.evaluation import run_evaluation
 from memr1.pipeline.extraction import extract_facts
 from memr1.provenance import code_version
 from memr1.banks.policies import AddAllPolicy, ModelPolicy, add_op
-from memr1.types import Fact, Turn
+from memr1.types import Fact, MemoryOp, OpKind, Turn
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "locomo_mini.json"
@@ -69,7 +69,7 @@ def test_build_resumes_without_applying_an_op_twice(tmp_path, conversations, emb
         bank.apply(add_op(items[2]))  # applied, then "killed" before the progress file was written
         build_banks({conversation.sample_id: items}, {conversation.sample_id: bank}, AddAllPolicy(), progress)
         assert [entry.text for entry in bank.entries()] == [fact.text for fact in items]
-        assert json.loads(progress.read_text())["bank"] == {"items": len(items), "step": len(items)}
+        assert json.loads(progress.read_text())["bank"] == {"items": len(items), "step": len(items), "malformed": 0, "rejected": 0}
 
 
 def test_a_random_model_as_manager_never_corrupts_a_bank(tmp_path, conversations, embedder, tokenizer):
@@ -81,11 +81,76 @@ def test_a_random_model_as_manager_never_corrupts_a_bank(tmp_path, conversations
         build_banks(items, banks, policy, tmp_path / "m.progress.json")
         total = sum(len(facts) for facts in items.values())
         # Garbage never parses: every decision is a NOOP with a format error, and the banks stay empty.
-        assert policy.format_errors == total
+        operations = bank_operations(banks, items, tmp_path / "m.progress.json")
+        assert operations == {"ADD": 0, "UPDATE": 0, "DELETE": 0, "NOOP": total, "malformed": total, "rejected": 0}
         assert all(len(bank) == 0 for bank in banks.values())
     finally:
         for bank in banks.values():
             bank.close()
+
+
+class ScriptedPolicy:
+    """The i-th fact of the build gets `SCRIPT[i]` (ADD after the script ends): every outcome a bank
+    build counts, decided by the fact's position, so a fact decided again after a kill gets the same."""
+
+    num_candidates = 2
+    SCRIPT = ("ADD", "ADD", "UPDATE", "malformed", "DELETE", "unknown target", "NOOP")
+
+    def __init__(self, facts: list[Fact]) -> None:
+        self.position = {fact.text: index for index, fact in enumerate(facts)}
+
+    def decide(self, facts, candidates):
+        ops = []
+        for fact, found in zip(facts, candidates):
+            index = self.position[fact.text]
+            action = self.SCRIPT[index] if index < len(self.SCRIPT) else "ADD"
+            if action == "ADD":
+                ops.append(add_op(fact))
+            elif action == "UPDATE":
+                ops.append(MemoryOp(OpKind.UPDATE, text=fact.text + " (updated)", target_id=found[0].id, speaker=fact.speaker))
+            elif action == "DELETE":
+                ops.append(MemoryOp(OpKind.DELETE, target_id=found[0].id))
+            elif action == "unknown target":  # well formed, but the bank holds no such memory: rejected
+                ops.append(MemoryOp(OpKind.UPDATE, text=fact.text, target_id="m999", speaker=fact.speaker))
+            elif action == "malformed":
+                ops.append(MemoryOp(OpKind.NOOP, format_error="invalid_json"))
+            else:
+                ops.append(MemoryOp(OpKind.NOOP))
+        return ops
+
+
+def test_a_build_counts_each_operation_once_across_a_kill(tmp_path, conversations, embedder):
+    """ADD / UPDATE / DELETE from the bank's revisions, NOOPs and their causes from the progress file:
+    the same counts for an unbroken build and for one killed after a write, before its progress was saved."""
+    items = [Fact(f"Ana's fact number {n}.", "Ana", (f"D1:{n}",), 1, "8 May, 2023") for n in range(10)]
+    policy = ScriptedPolicy(items)
+    # By hand, over 10 facts: the script's 2 ADDs and the 3 after it; 1 UPDATE, 1 DELETE; 3 NOOPs (the
+    # malformed one, the rejected one, the model's own): 50%, 10%, 10%, 30%.
+    expected = {"ADD": 5, "UPDATE": 1, "DELETE": 1, "NOOP": 3, "malformed": 1, "rejected": 1}
+    unbroken = {"c": items}
+    with MemoryBank.open(tmp_path / "a.db", "bank", embedder) as bank:
+        build_banks(unbroken, {"c": bank}, policy, tmp_path / "a.json")
+        assert bank_operations({"c": bank}, unbroken, tmp_path / "a.json") == expected
+    assert describe_operations(expected) == "ADD 5 (50.0%), UPDATE 1 (10.0%), DELETE 1 (10.0%), NOOP 3 (30.0%; malformed 1, rejected 1)"
+    with MemoryBank.open(tmp_path / "b.db", "bank", embedder) as bank:
+        build_banks({"c": items[:7]}, {"c": bank}, policy, tmp_path / "b.json")  # the script's 7
+        (op,) = policy.decide([items[7]], [bank.search(items[7].text, speaker="Ana", k=2)])
+        bank.apply(op)  # item 7's ADD applied, then "killed" before the progress file was written
+        build_banks(unbroken, {"c": bank}, policy, tmp_path / "b.json")
+        assert bank_operations({"c": bank}, unbroken, tmp_path / "b.json") == expected
+
+
+def test_a_progress_file_from_before_the_tallies_reports_them_unknown(tmp_path, embedder):
+    items = [Fact(f"Ana's fact number {n}.", "Ana", (f"D1:{n}",), 1, "8 May, 2023") for n in range(10)]
+    policy, progress = ScriptedPolicy(items), tmp_path / "p.json"
+    with MemoryBank.open(tmp_path / "b.db", "bank", embedder) as bank:
+        build_banks({"c": items[:2]}, {"c": bank}, policy, progress)
+        progress.write_text(json.dumps({"bank": {"items": 2, "step": 2}}))  # as the earlier code wrote it
+        assert bank_operations({"c": bank}, {"c": items[:2]}, progress)["malformed"] == 0  # no NOOP: none of either
+        build_banks({"c": items}, {"c": bank}, policy, progress)
+        operations = bank_operations({"c": bank}, {"c": items}, progress)
+    assert operations == {"ADD": 5, "UPDATE": 1, "DELETE": 1, "NOOP": 3, "malformed": None, "rejected": None}
+    assert describe_operations(operations).endswith("NOOP 3 (30.0%; malformed unknown, rejected unknown)")
 
 
 def test_raw_turns_are_one_memory_per_turn_with_the_speaker(conversations):
@@ -180,8 +245,10 @@ def test_evaluate_end_to_end_writes_predictions_and_reports(tmp_path, tokenizer)
     assert "**Overall**" in (run_dir / "report.md").read_text()
     assert (run_dir / "scores.png").stat().st_size > 0
     assert 0.0 <= result["scores"]["f1"] <= 100.0
-    # The add_all manager built the bank: every question retrieved memories from it.
+    # The add_all manager built the bank: every question retrieved memories from it, every fact an ADD.
     assert all(row["retrieved_ids"] for row in rows)
+    facts = len(memory_items(load_locomo(FIXTURE)[1], "observation"))
+    assert report["settings"]["bank_operations"] == {"ADD": facts, "UPDATE": 0, "DELETE": 0, "NOOP": 0, "malformed": 0, "rejected": 0}
 
 
 def test_a_stopped_evaluation_resumes_after_its_last_whole_batch(tmp_path, tokenizer, caplog):

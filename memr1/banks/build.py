@@ -9,6 +9,11 @@ Crash safety: the progress file is written after the bank, so the one window is 
 progress not yet written". Every ADD / UPDATE / DELETE advances the bank's persisted `step` by one,
 so on resume a bank whose step is ahead of the recorded one has consumed that many more items, and
 the build skips them instead of applying them twice.
+
+What a build did (`bank_operations`): the writes are counted from the bank's own revisions, exact
+across kills; the decisions that wrote nothing (a malformed model output, an operation the bank
+refused: both NOOPs) are tallied in the progress file, saved with the items they were decided on, so an
+item decided again after a kill is counted once.
 """
 
 from __future__ import annotations
@@ -68,10 +73,17 @@ def bank_name(conversation_id: str) -> str:
     return "bank_" + re.sub(r"[^0-9A-Za-z_]", "_", conversation_id)
 
 
+# Per bank in the progress file: items consumed, the bank step after them, and the NOOPs that were
+# not the model's choice: `malformed` outputs (no operation parsed) and ops the bank `rejected`.
+NOOP_TALLIES = ("malformed", "rejected")
+# The Manager's operations, in the order reports show them.
+OPERATION_KINDS = ("ADD", "UPDATE", "DELETE", "NOOP")
+
+
 @dataclass
 class BuildProgress:
-    """Items consumed per bank and the bank step after the last recorded one, kept in a JSON file
-    (`path` None: banks in memory, which a later process rebuilds from the first item)."""
+    """Items consumed per bank, the bank step after the last recorded one and the NOOP tallies, kept in
+    a JSON file (`path` None: banks in memory, which a later process rebuilds from the first item)."""
 
     path: Path | None
 
@@ -110,8 +122,11 @@ def build_banks(
     tracker = BuildProgress(progress_file)
     state = tracker.load()
     cursor: dict[str, int] = {}
+    # A progress file written before the tallies were kept leaves them unknown (None) for its banks.
+    tallies: dict[str, dict[str, int | None]] = {}
     for conversation_id, bank in banks.items():
-        recorded = state.get(bank.name, {"items": 0, "step": 0})
+        recorded = state.get(bank.name, {"items": 0, "step": 0, **dict.fromkeys(NOOP_TALLIES, 0)})
+        tallies[conversation_id] = {key: recorded.get(key) for key in NOOP_TALLIES}
         if bank.step < recorded["step"]:
             raise ValueError(
                 f"{progress_file}: bank {bank.name!r} is at step {bank.step} but its build was recorded at "
@@ -124,7 +139,12 @@ def build_banks(
 
     def record(conversation_id: str) -> None:
         bank = banks[conversation_id]
-        state[bank.name] = {"items": cursor[conversation_id], "step": bank.step}
+        known = {key: value for key, value in tallies[conversation_id].items() if value is not None}
+        state[bank.name] = {"items": cursor[conversation_id], "step": bank.step, **known}
+
+    def tally(conversation_id: str, key: str) -> None:
+        if tallies[conversation_id][key] is not None:
+            tallies[conversation_id][key] += 1
 
     if policy.num_candidates == 0:  # no retrieval, no model: ADD everything left in one bulk write
         for conversation_id, bank in banks.items():
@@ -154,10 +174,13 @@ def build_banks(
         with timer.time("manager", items=len(facts)):
             ops = policy.decide(facts, candidates)
         for cid, op in zip(active, ops):
+            if op.format_error is not None:
+                tally(cid, "malformed")
             try:
                 banks[cid].apply(op)
             except InvalidOpError as error:  # a well-parsed op the bank refuses (say, an oversized text)
                 rejected.append(f"{cid}: {error}")
+                tally(cid, "rejected")
             cursor[cid] += 1
             record(cid)
         fault_point("bank_write")
@@ -168,3 +191,31 @@ def build_banks(
     for message in rejected:
         log.warning("memory op rejected, treated as NOOP: %s", message)
     return {cid: len(items[cid]) for cid in banks}
+
+
+def bank_operations(banks: Mapping[str, MemoryBank], items: Mapping[str, Sequence[Fact]], progress_file: Path | None) -> dict[str, int | None]:
+    """What the finished build of `banks` did with their `items`, summed over the banks: the writes
+    (ADD / UPDATE / DELETE) from the banks' revisions, NOOP the items that wrote nothing, and of those
+    the `malformed` and `rejected` ones from the progress file (None where it does not know them: banks
+    in memory, or a file written before they were tallied, unless the banks hold no NOOP). Counted the
+    same whichever process built them."""
+    ledger = BuildProgress(progress_file).load()
+    totals: dict[str, int | None] = dict.fromkeys((*OPERATION_KINDS, *NOOP_TALLIES), 0)
+    for conversation_id, bank in banks.items():
+        writes = bank.revision_counts()
+        counts: dict[str, int | None] = {kind: writes[kind] for kind in ("ADD", "UPDATE", "DELETE")}
+        counts["NOOP"] = len(items[conversation_id]) - sum(writes[kind] for kind in ("ADD", "UPDATE", "DELETE"))
+        recorded = ledger.get(bank.name, {})
+        # A bank without NOOPs has neither kind, whatever its progress file knows.
+        counts.update({key: 0 if counts["NOOP"] == 0 else recorded.get(key) for key in NOOP_TALLIES})
+        for key, value in counts.items():
+            totals[key] = None if value is None or totals[key] is None else totals[key] + value
+    return totals
+
+
+def describe_operations(operations: Mapping[str, int | None]) -> str:
+    """'ADD 2710 (90.1%), UPDATE 30 (1.0%), DELETE 2 (0.1%), NOOP 265 (8.8%; malformed 12, rejected 0)'."""
+    total = max(sum(operations[kind] or 0 for kind in OPERATION_KINDS), 1)
+    writes = [f"{kind} {operations[kind]} ({100.0 * operations[kind] / total:.1f}%)" for kind in ("ADD", "UPDATE", "DELETE")]
+    causes = ", ".join(f"{key} {'unknown' if operations[key] is None else operations[key]}" for key in NOOP_TALLIES)
+    return ", ".join(writes) + f", NOOP {operations['NOOP']} ({100.0 * operations['NOOP'] / total:.1f}%; {causes})"

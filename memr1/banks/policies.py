@@ -51,14 +51,11 @@ class ModelPolicy:
         self.agent = agent or ManagerAgent()
         self.sampling = sampling or SamplingConfig(max_new_tokens=128, temperature=0.0)
         self.num_candidates = num_candidates
-        self.format_errors = 0
 
     def decide(self, facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]]) -> list[MemoryOp]:
         prompts = [self.agent.build_messages(fact, cands) for fact, cands in zip(facts, candidates)]
         outputs = self.engine.generate(prompts, self.sampling)
-        ops = [
+        return [
             self.agent.parse(samples[0].text, fact, cands)
             for samples, fact, cands in zip(outputs, facts, candidates)
         ]
-        self.format_errors += sum(op.format_error is not None for op in ops)
-        return ops

@@ -187,9 +187,5 @@ class LazyPolicy:
             self._policy = self._make()
         return self._policy
 
-    @property
-    def format_errors(self) -> int:
-        return getattr(self._policy, "format_errors", 0) if self._policy is not None else 0
-
     def decide(self, facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]]) -> list[MemoryOp]:
         return self._get().decide(facts, candidates)

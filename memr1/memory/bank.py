@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import itertools
+from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -28,6 +29,7 @@ from memr1.memory.index import Hit, VectorIndex, merge_hits, unit_rows
 from memr1.memory.records import (
     RecordStore,
     Revision,
+    RevisionAction,
     StoredMemory,
     added,
     check_op,
@@ -246,6 +248,10 @@ class MemoryBank(MemoryView):
         if memory is None:
             raise UnknownMemoryError(self.name, memory_id)
         return list(memory.history)
+
+    def revision_counts(self) -> Counter[RevisionAction]:
+        """The writes the bank holds, by action, over every memory (deleted ones included)."""
+        return Counter(revision.action for memory in self._records.values() for revision in memory.history)
 
     def entries(self, speaker: str | None = None) -> list[MemoryEntry]:
         self._check_usable()

@@ -19,8 +19,8 @@ from omegaconf import DictConfig
 
 from memr1.agents.answer import ANSWER_FORMAT_ERRORS
 from memr1.agents.extractor import FactExtractor
-from memr1.banks.build import memory_items
-from memr1.banks.recipe import bank_recipe, facts_cache_file, open_or_build_banks
+from memr1.banks.build import bank_operations, describe_operations, memory_items
+from memr1.banks.recipe import bank_recipe, facts_cache_file, open_or_build_banks, store_location
 from memr1.datasets.locomo_file import load_locomo_split
 from memr1.datasets.registry import category_names, load_dataset
 from memr1.embed import Embedder
@@ -199,6 +199,8 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 on_batch=save,
             )
         bank_sizes = {c.sample_id: len(banks[c.sample_id]) for c in conversations}
+        operations = bank_operations(banks, items, store_location(recipe, banks_cfg.dir, banks_cfg.uri)[1])
+        log.info("bank operations (%s): %s", recipe.policy, describe_operations(operations))
 
     judge = make_judge(cfg)
     verdicts = None
@@ -223,7 +225,7 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "precision": precision.name,  # greedy answers can differ between precisions: a re-score uses this one
         "answer": dataclasses.asdict(answer),
         "bank_sizes": bank_sizes,
-        "manager_format_errors": getattr(policy, "format_errors", 0),
+        "bank_operations": operations,  # what the banks' writer did with the facts (memr1.banks.build.bank_operations)
         "code": code_version(),  # the memr1 commit that scored it (None outside a git checkout)
         "resumed_predictions": len(answered),  # answered by a stopped run: latency and wall time leave them out
         "wall_time_s": round(time.perf_counter() - started, 1),
