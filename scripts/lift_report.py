@@ -371,6 +371,9 @@ def train_summary(spec: RunSpec, command: str | None) -> dict:
         # Logged as fractions; percent here, like the evaluation rows' format_error_rate.
         "zero_std_group_pct": quarter_means(column("reward/zero_std_group_frac"), 100.0),
         "format_error_pct": quarter_means(column("response/format_error_rate"), 100.0),
+        # A Manager run's sampled operations (ops/<kind>_frac): which actions RL explored at all.
+        "sampled_operation_pct": {kind: quarter_means(column(f"ops/{kind.lower()}_frac"), 100.0) for kind in OPERATION_KINDS}
+        if column("ops/add_frac") else None,
     }
     if command is not None:
         summary["command"] = command
@@ -442,6 +445,13 @@ def samples_table(samples: Sequence[dict]) -> str:
     return markdown_table(["Question", "Gold", "Base", "Trained"], ["---"] * 4, body)
 
 
+def operation_quarters(shares: Mapping[str, Mapping[str, float | None]] | None) -> str:
+    """'84/0/0/16 → 88/0/0/12': a Manager run's sampled operations, first and last quarter; '–' for others."""
+    if shares is None:
+        return "–"
+    return " → ".join("/".join(number(shares[kind][quarter], 0) for kind in OPERATION_KINDS) for quarter in ("first_quarter", "last_quarter"))
+
+
 def training_table(runs: Sequence[dict]) -> str:
     stages = sorted({stage for run in runs for stage in run["seconds_per_step"]}, key=stage_key)
 
@@ -460,6 +470,7 @@ def training_table(runs: Sequence[dict]) -> str:
                 quarters(run["reward_mean"], digits=3),
                 quarters(run["zero_std_group_pct"], 0),
                 quarters(run["format_error_pct"], 0),
+                operation_quarters(run["sampled_operation_pct"]),
                 f"{best['key']} {best['value']:.2f} @ {best['step']}" if best else "–",
             ]
         )
@@ -471,6 +482,7 @@ def training_table(runs: Sequence[dict]) -> str:
         "reward/mean (first → last ¼)",
         "zero-std groups % (first → last ¼)",
         "format errors % (first → last ¼)",
+        "sampled ADD / UPDATE / DELETE / NOOP % (first → last ¼)",
         "Best val @ step",
     ]
     return markdown_table(header, ["---", *["---:"] * (len(header) - 1)], body)

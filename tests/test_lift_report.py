@@ -36,13 +36,18 @@ def evaluation(directory: Path, answers: dict[str, str], f1: float, operations: 
     return directory
 
 
-def training(directory: Path) -> Path:
+def training(directory: Path, manager: bool = False) -> Path:
     (directory / "csv").mkdir(parents=True)
     (directory / "curves.json").write_text(json.dumps({"train": {"reward/mean": [[1, 0.1], [2, 0.3]]}, "val": {"val/f1": [[0, 20.0], [2, 25.0]]}}))
     (directory / "csv" / "metrics.csv").write_text(
         "step,reward/mean,time/rollout_s,time/update_s,reward/zero_std_group_frac,response/format_error_rate,train/probe_reward,val/f1\n"
         "0,,,,,,,20.0\n1,0.1,30.0,10.0,0.5,0.25,0.2,\n2,0.3,34.0,12.0,0.0,0.0,,\n2,,,,,,,25.0\n"
     )
+    if manager:  # the sampled operations' shares a Manager run logs
+        (directory / "csv" / "metrics.csv").write_text(
+            "step,reward/mean,time/rollout_s,ops/add_frac,ops/update_frac,ops/delete_frac,ops/noop_frac\n"
+            "1,0.1,30.0,0.75,0.0,0.0,0.25\n2,0.3,34.0,1.0,0.0,0.0,0.0\n"
+        )
     (directory / "train.log").write_text("[2026-12-02 10:00:00,000][memr1][INFO] - start\n[2026-12-02 10:01:30,000][memr1][INFO] - end\n")
     return directory
 
@@ -51,14 +56,14 @@ def test_the_report_of_a_fixture_run(tmp_path, monkeypatch):
     base = evaluation(tmp_path / "base", {"q1": "Porto", "q2": "a dog", "q3": ""}, 33.33)
     operations = {"ADD": 6, "UPDATE": 1, "DELETE": 1, "NOOP": 2, "malformed": 1, "rejected": 0}
     trained = evaluation(tmp_path / "trained", {"q1": "Lisbon", "q2": "a dog", "q3": "May"}, 88.89, operations)
-    run = training(tmp_path / "grpo")
+    run, manager_run = training(tmp_path / "grpo"), training(tmp_path / "manager-grpo", manager=True)
     out = tmp_path / "out"
     spec = importlib.util.spec_from_file_location("lift_report", SCRIPT)
     lift_report = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "lift_report", lift_report)  # its dataclasses look their module up
     spec.loader.exec_module(lift_report)
     monkeypatch.setattr(sys, "argv", [
-        str(SCRIPT), "--eval", f"SFT={base}", "--eval", f"SFT -> GRPO={trained}", "--train", f"GRPO={run}",
+        str(SCRIPT), "--eval", f"SFT={base}", "--eval", f"SFT -> GRPO={trained}", "--train", f"GRPO={run}", "--train", f"Manager GRPO={manager_run}",
         "--base", "SFT", "--trained", "SFT -> GRPO", "--samples", "3",
         "--json", str(out / "lift.json"), "--markdown-out", str(out / "lift.md"), "--figure", str(out / "curves.png"),
     ])
@@ -76,7 +81,9 @@ def test_the_report_of_a_fixture_run(tmp_path, monkeypatch):
     assert (comparison["a"], comparison["b"], comparison["common"], comparison["changed"]) == ("SFT", "SFT -> GRPO", 3, 2)
     assert comparison["overall"]["f1"]["delta"] == pytest.approx((100 + 0 + 200 / 3) / 3)
     assert [sample["qid"] for sample in report["comparison"]["samples"]] != [] and len(report["comparison"]["samples"]) == 3
-    (summary,) = report["train"]
+    summary, manager_summary = report["train"]
+    assert summary["sampled_operation_pct"] is None
+    assert manager_summary["sampled_operation_pct"]["ADD"] == {"first_quarter": 75.0, "last_quarter": 100.0}
     assert (summary["steps"], summary["wall_time_s"], summary["best_val"]) == (2, 90.0, {"key": "val/f1", "value": 25.0, "step": 2})
     assert summary["seconds_per_step"] == {"rollout": 32.0, "update": 11.0}
     assert summary["probe_reward_by_step"] == [[1, 0.2]]
@@ -84,6 +91,7 @@ def test_the_report_of_a_fixture_run(tmp_path, monkeypatch):
     markdown = (out / "lift.md").read_text()
     assert "### SFT -> GRPO against SFT (paired, 95% bootstrap interval)" in markdown and "### Training" in markdown
     assert "| Memory listed % | Distill R | Distill P |" in markdown and "| 66.7 | 50.0 | – |" in markdown
+    assert "| 75/0/0/25 → 100/0/0/0 |" in markdown
     # What wrote the banks, as shares of the facts: none known for the first report.
     assert "| add_all | 60.0 / 10.0 / 10.0 / 20.0 (malformed 1) | 5 |" in markdown and "| add_all |  | 5 |" in markdown
     assert (out / "curves.png").stat().st_size > 0
