@@ -144,14 +144,14 @@ def pipeline_command(backbone: Path, root: Path, banks: Path) -> list[str]:
 
 
 @pytest.mark.slow  # a subprocess
-@pytest.mark.timeout(900)  # 2:41 alone; five real stages and a rerun, on a machine that may be loaded
+@pytest.mark.timeout(900)  # 1:23 alone; five real stages and a rerun, on a machine that may be loaded
 def test_the_alternating_pipeline_resumes_after_a_kill_at_a_stage_boundary(backbone, tmp_path):
     root, log = tmp_path / "run", tmp_path / "log.txt"
     command = pipeline_command(backbone, root, tmp_path / "banks")
     first_done = root / "manager-sft" / DONE
     with log.open("w") as out:
         process = subprocess.Popen(command, cwd=ROOT, env=environment(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 900  # generous: a loaded machine runs this 3x slower than its 2:41
+        deadline = time.monotonic() + 900  # generous: a loaded machine runs this 3x slower than its 1:23
         while process.poll() is None and not first_done.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert first_done.exists(), log.read_text()[-3000:]
