@@ -76,8 +76,9 @@ def bank_name(conversation_id: str) -> str:
 # Per bank in the progress file: items consumed, the bank step after them, and the NOOPs that were
 # not the model's choice: `malformed` outputs (no operation parsed) and ops the bank `rejected`.
 NOOP_TALLIES = ("malformed", "rejected")
-# The Manager's operations, in the order reports show them.
-OPERATION_KINDS = ("ADD", "UPDATE", "DELETE", "NOOP")
+# The Manager's operations, in the order reports show them: the writes, then NOOP.
+WRITE_KINDS = ("ADD", "UPDATE", "DELETE")
+OPERATION_KINDS = (*WRITE_KINDS, "NOOP")
 
 
 @dataclass
@@ -203,8 +204,8 @@ def bank_operations(banks: Mapping[str, MemoryBank], items: Mapping[str, Sequenc
     totals: dict[str, int | None] = dict.fromkeys((*OPERATION_KINDS, *NOOP_TALLIES), 0)
     for conversation_id, bank in banks.items():
         writes = bank.revision_counts()
-        counts: dict[str, int | None] = {kind: writes[kind] for kind in ("ADD", "UPDATE", "DELETE")}
-        counts["NOOP"] = len(items[conversation_id]) - sum(writes[kind] for kind in ("ADD", "UPDATE", "DELETE"))
+        counts: dict[str, int | None] = {kind: writes[kind] for kind in WRITE_KINDS}
+        counts["NOOP"] = len(items[conversation_id]) - sum(writes[kind] for kind in WRITE_KINDS)
         recorded = ledger.get(bank.name, {})
         # A bank without NOOPs has neither kind, whatever its progress file knows.
         counts.update({key: 0 if counts["NOOP"] == 0 else recorded.get(key) for key in NOOP_TALLIES})
@@ -216,6 +217,6 @@ def bank_operations(banks: Mapping[str, MemoryBank], items: Mapping[str, Sequenc
 def describe_operations(operations: Mapping[str, int | None]) -> str:
     """'ADD 2710 (90.1%), UPDATE 30 (1.0%), DELETE 2 (0.1%), NOOP 265 (8.8%; malformed 12, rejected 0)'."""
     total = max(sum(operations[kind] or 0 for kind in OPERATION_KINDS), 1)
-    writes = [f"{kind} {operations[kind]} ({100.0 * operations[kind] / total:.1f}%)" for kind in ("ADD", "UPDATE", "DELETE")]
+    writes = [f"{kind} {operations[kind]} ({100.0 * operations[kind] / total:.1f}%)" for kind in WRITE_KINDS]
     causes = ", ".join(f"{key} {'unknown' if operations[key] is None else operations[key]}" for key in NOOP_TALLIES)
     return ", ".join(writes) + f", NOOP {operations['NOOP']} ({100.0 * operations['NOOP'] / total:.1f}%; {causes})"
