@@ -7,14 +7,16 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
+from safetensors.torch import load_file, save_file
 
 from data_modules.rl_states import RLStatesDataModule
 from memr1.banks.recipe import bank_recipe
 from memr1.factories import answer_agent, answer_config, build_module
-from memr1.llm.loading import load_tokenizer
+from memr1.llm.loading import changes_nothing, load_policy, load_tokenizer
 from memr1.llm.sampling import SamplingConfig
-from memr1.llm.testing import save_tiny_checkpoint
+from memr1.llm.testing import save_lora_export, save_tiny_checkpoint
 from memr1.types import MemoryEntry, Question
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -82,3 +84,29 @@ def test_identical_bank_recipes_share_one_name_and_different_ones_do_not(tmp_pat
     tiny = bank_recipe(composed("evaluate", f"banks.embedder={tmp_path}"))
     assert tiny.embedder == str(tmp_path) and tiny.signature() != evaluation.signature()
     assert evaluation.signature() == "locomo-observation-add_all-8939cd1fe6"
+
+
+def test_an_export_that_training_never_moved_shares_its_warm_starts_banks(backbone, tmp_path):
+    """A run's policy/best is exported before the first step (lora_B at peft's zeros) and stays so when
+    no validation beats the warm start: merged, it is the warm start bit for bit, so it names the same
+    banks instead of building them again."""
+    sft = save_lora_export(backbone, tmp_path / "sft")
+    unmoved = save_lora_export(backbone, tmp_path / "grpo-best", init=sft, trained=False)
+    moved = save_lora_export(backbone, tmp_path / "grpo-last", init=sft, seed=4)
+    assert changes_nothing(unmoved) and not changes_nothing(moved) and not changes_nothing(sft)
+    warm_start = load_policy(backbone, ckpt=sft)[0].state_dict()
+    for name, tensor in load_policy(backbone, ckpt=unmoved)[0].state_dict().items():
+        assert torch.equal(tensor, warm_start[name]), name
+
+    def signature(ckpt: Path) -> str:
+        return bank_recipe(composed("evaluate", "banks=manager", f"backbone.name_or_path={backbone}", f"manager.ckpt={ckpt}")).signature()
+
+    assert signature(unmoved) == signature(sft) != signature(moved)
+    # One lora_B entry off zero and the adapter changes the weights: its own banks again.
+    weights_file = unmoved / "adapter_model.safetensors"
+    tensors = load_file(weights_file)
+    name = next(name for name in tensors if ".lora_B." in name)
+    tensors[name][0, 0] = 1e-3
+    save_file(tensors, weights_file, metadata={"format": "pt"})
+    assert not changes_nothing(unmoved) and signature(unmoved) != signature(sft)
+

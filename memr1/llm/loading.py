@@ -228,12 +228,35 @@ def checkpoint_chain(adapter: str | os.PathLike[str]) -> list[Path]:
     return chain
 
 
+def changes_nothing(checkpoint: Path) -> bool:
+    """Whether the LoRA export `checkpoint` leaves the weights it is merged into exactly as they were:
+    every `lora_B` is zero, as peft initialises it (a run's `policy/best` when no validation beat its
+    warm start), and it holds nothing else that merges (no DoRA magnitudes, no `modules_to_save`), so
+    its merge adds B @ A = 0."""
+    config_file, weights_file = checkpoint / "adapter_config.json", checkpoint / "adapter_model.safetensors"
+    if not config_file.is_file() or not weights_file.is_file():
+        return False
+    config = json.loads(config_file.read_text())
+    if config.get("use_dora") or config.get("modules_to_save"):
+        return False
+    from safetensors.torch import load_file
+
+    tensors = load_file(weights_file)
+    if not all(".lora_A." in name or ".lora_B." in name for name in tensors):
+        return False
+    return not any(tensor.any() for name, tensor in tensors.items() if ".lora_B." in name)
+
+
 def weights_digest(ckpt: str | os.PathLike[str]) -> str:
     """A digest of what `ckpt` puts on the backbone: the contents of the weight and config files of its
     chain (`checkpoint_chain`, warm starts first), not where they are kept. Two copies of one export
-    share it; an export rewritten in place (a run's `policy/best`) gets another."""
+    share it; an export rewritten in place (a run's `policy/best`) gets another; an adapter that
+    `changes_nothing` is left out, so an export of a warm start that training never improved on shares
+    the warm start's digest (its merged weights are the warm start's, bit for bit)."""
     digest = hashlib.sha256()
     for checkpoint in checkpoint_chain(ckpt):
+        if changes_nothing(checkpoint):
+            continue
         for file in sorted(checkpoint.iterdir()):
             if file.suffix in (".safetensors", ".bin") or file.name.endswith("config.json"):
                 digest.update(file.name.encode())

@@ -58,10 +58,13 @@ def save_tiny_checkpoint(target: str | Path, tokenizer: PreTrainedTokenizerBase,
     return target
 
 
-def save_lora_export(backbone: str | Path, target: str | Path, *, seed: int = 3, init: str | Path | None = None) -> Path:
+def save_lora_export(
+    backbone: str | Path, target: str | Path, *, seed: int = 3, init: str | Path | None = None, trained: bool = True
+) -> Path:
     """A LoRA policy export as a training run writes one: adapters (q_proj, v_proj, r 4) on `backbone`
     (after the warm start `init`, recorded in its warm_start.json, when given) with non-zero,
-    trained-looking weights drawn from `seed`, saved with the tokenizer."""
+    trained-looking weights drawn from `seed`, saved with the tokenizer. `trained=False`: lora_B left at
+    peft's zeros, as a run exports its policy before the first optimiser step."""
     from memr1.llm.loading import load_policy, write_warm_start
     from memr1.llm.lora import apply_lora
 
@@ -71,7 +74,7 @@ def save_lora_export(backbone: str | Path, target: str | Path, *, seed: int = 3,
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "lora_B" in name:
+            if "lora_B" in name and trained:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
