@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 log = logging.getLogger(__name__)
 
@@ -16,14 +26,18 @@ class LoggedProgress(Progress):
 
     every_s = 30.0
 
+    def __init__(self, *columns: ProgressColumn | str, **kwargs: Any) -> None:
+        super().__init__(*columns, **kwargs)
+        self._last_logged: dict[TaskID, float] = {}  # when each task last logged its line
+
     def advance(self, task_id: TaskID, advance: float = 1) -> None:
         super().advance(task_id, advance)
         if self.console.is_terminal:
             return
         task = self._tasks[task_id]
         now = time.monotonic()
-        if task.finished or now - getattr(task, "_last_logged", 0.0) >= self.every_s:
-            task._last_logged = now  # type: ignore[attr-defined]
+        if task.finished or now - self._last_logged.get(task_id, 0.0) >= self.every_s:
+            self._last_logged[task_id] = now
             log.info("%s: %d/%s (%.0f s)", task.description, task.completed, int(task.total or 0), task.elapsed or 0.0)
 
 

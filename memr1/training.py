@@ -184,7 +184,7 @@ def run_training(cfg: DictConfig, run_dir: Path, data: LightningDataModule) -> R
             error.path, hint=f"give this run its own banks with banks.dir=DIR (now {cfg.banks.dir}; ADD-all banks rebuild in seconds)"
         ) from error
     except (StopRequested, SIGTERMException) as stop:
-        signum = getattr(stop, "signum", signal.SIGTERM)
+        signum = stop.signum if isinstance(stop, StopRequested) else signal.SIGTERM  # Lightning's exception is SIGTERM's
         name = signal.Signals(signum).name
         if trainer.global_step == 0 and ckpt_path is None:
             log.warning("stopped by %s before the first step completed; run the same command again to start over", name)

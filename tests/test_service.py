@@ -119,6 +119,12 @@ def test_buddy_and_scout_merge_into_one_memory_through_post_memories(service):
         assert -1.0 <= hits[0]["score"] <= 1.0
 
 
+def test_health_names_the_model_behind_each_role(service, backbone, manager_url):
+    url, _, model = manager_url.removeprefix("openai:").partition("#")
+    models = {"extractor": None, "manager": f"{model}@{url}", "answerer": str(backbone)}
+    assert httpx.get(f"{service}/health", timeout=30).json() == {"status": "ok", "models": models}
+
+
 def test_answer_returns_the_memories_it_was_shown(service):
     with httpx.Client(base_url=service, timeout=120) as client:
         add(client, "Maria volunteers at the animal shelter on Saturdays", user="maria")
@@ -356,7 +362,8 @@ def test_an_api_key_is_required_when_set(tmp_path, backbone):
         assert httpx.post(f"{url}/memories", json=body, timeout=30).status_code == 401
         assert httpx.post(f"{url}/memories", json=body, headers={"Authorization": "Bearer wrong"}, timeout=30).status_code == 401
         assert httpx.post(f"{url}/memories", json=body, headers={"Authorization": "Bearer s3cret"}, timeout=30).status_code == 200
-        assert httpx.get(f"{url}/health", timeout=30).status_code == 200  # health stays open for probes
+        health = httpx.get(f"{url}/health", timeout=30)  # health stays open for probes
+        assert health.json() == {"status": "ok", "models": {"extractor": None, "manager": None, "answerer": None}}
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -162,7 +162,7 @@ def create_app(memory: Memory, chat_model: TextModel | None = None, api_key: str
     @app.get("/health")
     def health() -> dict[str, Any]:
         return {"status": "ok", "models": {
-            role: getattr(model, "name", None) for role, model in
+            role: None if model is None else model.name for role, model in
             (("extractor", memory.extractor), ("manager", memory.manager), ("answerer", memory.answerer))
         }}
 
