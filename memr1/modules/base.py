@@ -31,10 +31,10 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import nn
 
-from memr1 import interrupt, lightning_loop
+from memr1 import lightning_loop
 from memr1.envs.base import Environment, Reward
 from memr1.faults import fault_point
-from memr1.interrupt import raise_if_requested
+from memr1.interrupt import deferred, raise_if_requested
 from memr1.llm.engines import GenerationEngine, HFEngine
 from memr1.llm.precision import FP32, FrozenLinearCopies, Precision
 from memr1.llm.sampling import SamplingConfig
@@ -364,7 +364,7 @@ class RLModule(LightningModule):
         """This step's `train/probe_reward` when it is a probe step, else nothing. It runs after the
         optimiser step: a stop signal waits for the step's end (`deferred`), where the checkpoint holds
         the whole step and the validation due after it."""
-        with self._evaluating(), interrupt.deferred():
+        with self._evaluating(), deferred():
             return self.held_out.probe_metrics(self.rollout_sampling(), self.global_step)
 
     def sample_validation_rewards(self, states: Sequence[Any]) -> None:
