@@ -200,13 +200,14 @@ def _configure_pipeline(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("schedule", help="a schedule of conf/pipeline (alternating, demo) or a YAML path")
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE for every stage, or train.py:KEY=VALUE / evaluate.py:KEY=VALUE")
     parser.add_argument("--root", default=None, help="the schedule's directory (default: its `root`)")
+    parser.add_argument("--archive", default=None, help="where finished stages are kept and restored from (default: its `archive`, if any)")
 
 
 def _run_pipeline(args: argparse.Namespace) -> int:
     from memr1.schedule import load_schedule, run_schedule
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
-    return run_schedule(load_schedule(args.schedule, args.root, args.overrides))
+    return run_schedule(load_schedule(args.schedule, args.root, args.overrides, args.archive))
 
 
 # --- compare -------------------------------------------------------------------------------------

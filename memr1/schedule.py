@@ -10,7 +10,9 @@ Resuming: a stage that finished has a `STAGE_DONE` file and is skipped; a traini
 stopped (SIGTERM is passed on to it, Ctrl-C reaches it from the terminal; it checkpoints) or killed resumes from its newest
 checkpoint (`ckpt_path=last`); an evaluation stage keeps the answers it wrote (to its last whole batch)
 and answers the rest. So running the same command again after
-any interruption finishes the schedule without redoing finished work.
+any interruption finishes the schedule without redoing finished work. A schedule with an `archive:`
+folder (tracked in git) also outlives its machine: each finished stage is kept there and restored from
+there into a run root that lacks it (`memr1.stage_archive`).
 
 Stages marked `report: <label>` (evaluations) form the closing table: one row per label, F1 / BLEU-1 /
 EM / format errors / mean words from the stage's `report.json`, each row's F1 set against the first
@@ -25,6 +27,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -38,11 +41,11 @@ from omegaconf import OmegaConf
 from memr1.pipeline.report_file import REPORT_FILE
 from memr1.pipeline.tables import ScoredRun, compare_labelled, scores_against_base
 from memr1.provenance import code_version
+from memr1.stage_archive import DONE, archive_stage, log_wall_time_s, restore_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ROOT / "conf" / "pipeline"
 SCRIPTS = ("train.py", "evaluate.py")
-DONE = "STAGE_DONE"
 
 log = logging.getLogger("memr1.pipeline")
 
@@ -61,10 +64,14 @@ class Schedule:
     name: str
     root: Path
     stages: tuple[Stage, ...]
+    archive: Path | None = None  # where finished stages are kept in git (memr1.stage_archive)
 
 
-def load_schedule(name_or_path: str, root: str | None = None, overrides: Sequence[str] = ()) -> Schedule:
-    """The schedule `conf/pipeline/<name>.yaml` (or a YAML path); `overrides` are added to every stage
+def load_schedule(
+    name_or_path: str, root: str | None = None, overrides: Sequence[str] = (), archive: str | None = None
+) -> Schedule:
+    """The schedule `conf/pipeline/<name>.yaml` (or a YAML path), with its run root and archive folder
+    (`root`, `archive`: the file's unless given); `overrides` are added to every stage
     of the script they are written for (`train.py:KEY=VALUE`, `evaluate.py:KEY=VALUE`) or of both, and an
     `algo.KEY` one only to the training stages whose algorithm reads it (GRPO's group size is not the
     SFT stage's: train.py refuses a setting its algorithm would ignore)."""
@@ -98,7 +105,11 @@ def load_schedule(name_or_path: str, root: str | None = None, overrides: Sequenc
         if versus is not None and versus not in [earlier.report for earlier in stages if earlier.report]:
             raise ValueError(f"{where}: versus: {versus!r} is not the report label of an earlier stage")
         stages.append(Stage(stage["name"], stage["script"], args, stage.get("report"), versus))
-    return Schedule(path.stem, Path(root or spec.get("root") or f"runs/pipeline/{path.stem}"), tuple(stages))
+    archive = archive or spec.get("archive")
+    return Schedule(
+        path.stem, Path(root or spec.get("root") or f"runs/pipeline/{path.stem}"), tuple(stages),
+        Path(archive) if archive else None,
+    )
 
 
 def read_by_algorithm(shared: Sequence[str], own: Sequence[str]) -> list[str]:
@@ -139,13 +150,22 @@ def stage_command(schedule: Schedule, stage: Stage) -> list[str]:
 
 def run_schedule(schedule: Schedule) -> int:
     """Run the stages that have not finished, in order; 0 when all have, else the failing stage's
-    exit status (a stop by signal is 128 + its number, as train.py's own)."""
+    exit status (a stop by signal is 128 + its number, as train.py's own). With an archive, a stage
+    missing from the run root but kept there is restored instead of run, and each finished stage is
+    kept there (one finished before the archive was named, at the next start)."""
     schedule.root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     for number, stage in enumerate(schedule.stages, start=1):
         directory = schedule.root / stage.name
+        record = schedule.archive / stage.name if schedule.archive else None
         if (directory / DONE).is_file():
             log.info("stage %d/%d %s: done before, skipped", number, len(schedule.stages), stage.name)
+            if record is not None and not (record / DONE).is_file():
+                keep(schedule, stage)
+            continue
+        if record is not None and (record / DONE).is_file():
+            restore_stage(record, directory, schedule.root)
+            log.info("stage %d/%d %s: restored from %s, skipped", number, len(schedule.stages), stage.name, record)
             continue
         command = stage_command(schedule, stage)
         log.info("stage %d/%d %s: %s", number, len(schedule.stages), stage.name, " ".join(command[1:]))
@@ -157,15 +177,39 @@ def run_schedule(schedule: Schedule) -> int:
                 stage.name, code, directory,
             )
             return code
-        done = {"seconds": round(time.perf_counter() - stage_started, 1), "code": code_version()}
+        done: dict[str, object] = {"seconds": round(time.perf_counter() - stage_started, 1), "code": code_version()}
+        if stage.script == "train.py":  # every session's share of a run resumed across sessions
+            done["wall_time_s"] = log_wall_time_s(directory / "train.log")
         (directory / DONE).write_text(json.dumps(done) + "\n")
         log.info("stage %s finished in %.0f s", stage.name, time.perf_counter() - stage_started)
+        if record is not None:
+            keep(schedule, stage)
     log.info("pipeline %s finished in %.0f s (stages run now)", schedule.name, time.perf_counter() - started)
     table = report_table(schedule)
     if table:
         (schedule.root / "report.md").write_text(table + "\n")
         print(table, flush=True)
     return 0
+
+
+def keep(schedule: Schedule, stage: Stage) -> None:
+    """Archive the finished `stage` with the policy exports that later stages name."""
+    assert schedule.archive is not None
+    exports = referenced_exports(schedule)[stage.name]
+    archive_stage(schedule.root / stage.name, schedule.archive / stage.name, schedule.root, exports)
+    log.info("stage %s kept in %s%s", stage.name, schedule.archive / stage.name,
+             f" (with {', '.join(exports)})" if exports else "")
+
+
+def referenced_exports(schedule: Schedule) -> dict[str, list[str]]:
+    """Per stage, the exports under it that some stage's arguments name (`{answer-sft}/policy/last`)."""
+    named: dict[str, set[str]] = {stage.name: set() for stage in schedule.stages}
+    for stage in schedule.stages:
+        for arg in stage.args:
+            for name, export in re.findall(r"\{([^{}]+)\}/(policy/\w+)", arg):
+                if name in named:
+                    named[name].add(export)
+    return {name: sorted(exports) for name, exports in named.items()}
 
 
 def _run_forwarding_signals(command: list[str]) -> int:

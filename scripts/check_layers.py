@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("states", ("memr1.states",)),
     ("training parts", ("memr1.teachers", "memr1.modules", "memr1.callbacks")),
     ("factories", ("memr1.factories",)),
-    ("applications", ("memr1.evaluation", "memr1.pipeline", "memr1.training", "memr1.service")),
+    ("applications", ("memr1.evaluation", "memr1.pipeline", "memr1.stage_archive", "memr1.training", "memr1.service")),
     ("commands", ("memr1.schedule", "memr1.cli", "memr1")),
     ("lightning data", ("data_modules",)),
 ]

@@ -39,12 +39,10 @@ import csv
 import json
 import math
 import random
-import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from statistics import mean
 
@@ -55,17 +53,12 @@ from memr1.banks.build import OPERATION_KINDS
 from memr1.datasets.registry import category_names
 from memr1.metrics.lexical import token_f1
 from memr1.pipeline.compare import markdown as comparison_markdown
-from memr1.pipeline.report import memory_listed_pct
-from memr1.pipeline.report_file import DISTILL_COLUMNS, LEXICAL_COLUMNS, EvalReport
+from memr1.pipeline.report_file import DISTILL_COLUMNS, LEXICAL_COLUMNS, MEMORY_LISTED, EvalReport
 from memr1.pipeline.tables import ScoredRun, cell, compare_labelled, markdown_table, number
+from memr1.stage_archive import DONE, log_wall_time_s, read_done
 
 SCORES = LEXICAL_COLUMNS
 LENGTH_BUCKETS = ("0", "1", "2", "3", "4", "5", "6", "7-10", "11-20", ">20")
-# train.log lines start with Hydra's "[2026-11-30 04:49:31,335][logger][LEVEL] - ..."
-LOG_TIMESTAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3})\]")
-# Each start of train.py logs this (memr1.training) within milliseconds of its first line.
-RUN_START = "[memr1.training][INFO] - torch uses "
-START_LINES_S = 5.0
 # Validation keys in the order that picks a run's headline score (Answer runs log F1, Manager runs reward).
 PRIMARY_VAL_KEYS = ("val/f1", "val/reward")
 SAMPLE_CELL_CHARS = 120
@@ -131,7 +124,7 @@ def pipeline_runs(name: str, console: Console) -> tuple[list[RunSpec], list[RunS
     """From the schedule of `memr1 pipeline NAME`: its finished evaluation stages with a report label
     (in order), its finished RL training stages, the (trained, base) label pairs of its `versus` keys
     whose both rows are finished, and the command of each. Unfinished stages are named on `console`."""
-    from memr1.schedule import DONE, load_schedule, stage_command
+    from memr1.schedule import load_schedule, stage_command
 
     schedule = load_schedule(name)
     evals: list[RunSpec] = []
@@ -152,6 +145,9 @@ def pipeline_runs(name: str, console: Console) -> tuple[list[RunSpec], list[RunS
                 pairs.append((stage.report, stage.versus))
             evals.append(RunSpec(stage.report, directory))
             commands[stage.report] = command
+        elif stage.script == "train.py" and not (directory / "curves.json").is_file():
+            # a stage whose record kept its export but not its curves (STAGE_DONE says why)
+            console.print(f"pipeline {name}: {stage.name} has no curves: {read_done(directory).get('note', 'none kept')}")
         elif stage.script == "train.py" and read_json(directory / "curves.json", stage.name)["train"].get("reward/mean"):
             trains.append(RunSpec(stage.name, directory))
             commands[stage.name] = command
@@ -213,8 +209,7 @@ def eval_row(spec: RunSpec, command: str | None) -> tuple[dict, list[dict]]:
         },
         "format_error_rate": scores["format_error_rate"],
         # Did the distilling agent keep its memory list, and were the memories it chose the evidence?
-        # From the predictions, so reports written before evaluate.py scored it have it too.
-        "memory_listed_pct": memory_listed_pct([p["selected_memories"] for p in predictions]) if answer["distill"] else None,
+        "memory_listed_pct": scores[MEMORY_LISTED] if answer["distill"] else None,
         **{key: scores.get(key) for key, _ in DISTILL_COLUMNS},
         "mean_answer_words": scores["mean_answer_words"],
         "wall_time_s": settings["wall_time_s"],
@@ -292,29 +287,6 @@ def read_metrics_csv(path: Path, what: str) -> list[dict[str, float]]:
         return [{key: float(value) for key, value in row.items() if value not in ("", None)} for row in csv.DictReader(handle)]
 
 
-def log_wall_time_s(path: Path) -> float | None:
-    """Seconds train.log's processes ran, summed: a run resumed across sessions has one segment per
-    start of train.py (its `torch uses` line and the lines logged in the seconds just before it), and
-    the time between the last line of one and the start of the next is not the run's. None with fewer
-    than two timestamped lines."""
-    if not path.is_file():
-        return None
-    lines = [(datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f"), line)
-             for line in path.read_text().splitlines() if (match := LOG_TIMESTAMP.match(line))]
-    if len(lines) < 2:
-        return None
-    starts = [0]
-    for index, (stamp, line) in enumerate(lines):
-        if RUN_START in line:
-            first = index
-            while first > starts[-1] and (stamp - lines[first - 1][0]).total_seconds() <= START_LINES_S:
-                first -= 1
-            if first > starts[-1]:  # not the first process's own start
-                starts.append(first)
-    ends = [*starts[1:], len(lines)]
-    return sum((lines[end - 1][0] - lines[start][0]).total_seconds() for start, end in zip(starts, ends) if end > start)
-
-
 def quarter_means(values: Sequence[float], scale: float = 1.0) -> dict[str, float | None]:
     """Means (times `scale`) over the first and last quarter (at least one value each) of `values`."""
     if not values:
@@ -344,6 +316,9 @@ def train_summary(spec: RunSpec, command: str | None) -> dict:
     }
     wall_time_s = log_wall_time_s(spec.path / "train.log")
     wall_time_source = "train.log"
+    if wall_time_s is None and (spec.path / DONE).is_file():  # a stage restored from its archive
+        wall_time_s = read_done(spec.path).get("wall_time_s")
+        wall_time_source = f"{DONE} (train.log's, kept with the stage)"
     if wall_time_s is None:
         wall_time_s = sum(row.get(column, 0.0) for row in step_rows for column in stage_columns)
         wall_time_source = "csv (sum of time/*_s, excludes validation)"

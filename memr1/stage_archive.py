@@ -1,0 +1,217 @@
+"""A schedule's finished stages kept in git, so that a schedule spanning sessions outlives its machine.
+
+`runs/` lives on one machine; a session may continue on another, with nothing of it. A schedule with
+an `archive:` folder (conf/pipeline/cpu_lift.yaml: `results/cpu_lift`, tracked) copies each stage's
+record there as the stage finishes, and copies it back into a run root that lacks the stage, which
+then counts as done. Committing the folder is what carries a schedule's progress across machines.
+
+A record holds what the closing table, `scripts/lift_report.py`, `scripts/ship_agent.py` and the later
+stages read, and nothing of the dataset (LoCoMo is CC BY-NC):
+
+- every stage: `STAGE_DONE` (how long it ran, on which code);
+- a training stage: `curves.json`, `csv/metrics.csv`, and each policy export a later stage names
+  (`{stage}/policy/best`) as its LoRA adapter and warm-start pointer (the tokenizer is the backbone's);
+  a pointer into the run root is kept relative to it, so the chain holds wherever the root is;
+- an evaluation: `report.json`, Hydra's `.hydra/config.yaml`, and `predictions.jsonl` with only the
+  agent's side of each row (`PREDICTION_FIELDS`): the question, gold answer and evidence are joined
+  back from the dataset by qid on restore, and the reply's raw text, its listed memories and the
+  retrieved ids (which quote or point into the conversations) stay out; report.json keeps the share of
+  replies that listed a memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from memr1.pipeline.compare import PREDICTIONS
+from memr1.pipeline.report_file import REPORT_FILE
+from memr1.shipped import WARM_START_FILE, is_shipped
+
+DONE = "STAGE_DONE"
+TRAINING_FILES = ("curves.json", "csv/metrics.csv")
+EVALUATION_FILES = (REPORT_FILE, ".hydra/config.yaml")
+EXPORT_FILES = ("adapter_config.json", "adapter_model.safetensors")
+# The agent's side of a prediction row (memr1.pipeline.answering.Prediction); the rest is the dataset's.
+PREDICTION_FIELDS = ("qid", "conversation_id", "prediction", "category", "format_error", "latency_s",
+                     "selected_ids", "distill_recall", "distill_precision", "evidence_retrieved")
+# Joined back from the dataset's question of the same qid.
+QUESTION_FIELDS = {"question": "question", "gold": "answer", "evidence": "evidence"}
+# A warm-start pointer inside the run root, as the record keeps it: "{root}/answer-sft/policy/last".
+ROOT_PLACEHOLDER = "{root}"
+
+# train.log lines start with Hydra's "[2026-11-30 04:49:31,335][logger][LEVEL] - ..."
+LOG_TIMESTAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3})\]")
+# Each start of train.py logs this (memr1.training) within milliseconds of its first line.
+RUN_START = "[memr1.training][INFO] - torch uses "
+START_LINES_S = 5.0
+
+log = logging.getLogger("memr1.pipeline")
+
+
+def log_wall_time_s(path: Path) -> float | None:
+    """Seconds train.log's processes ran, summed: a run resumed across sessions has one segment per
+    start of train.py (its `torch uses` line and the lines logged in the seconds just before it), and
+    the time between the last line of one and the start of the next is not the run's. None with fewer
+    than two timestamped lines."""
+    if not path.is_file():
+        return None
+    lines = [(datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f"), line)
+             for line in path.read_text().splitlines() if (match := LOG_TIMESTAMP.match(line))]
+    if len(lines) < 2:
+        return None
+    starts = [0]
+    for index, (stamp, line) in enumerate(lines):
+        if RUN_START in line:
+            first = index
+            while first > starts[-1] and (stamp - lines[first - 1][0]).total_seconds() <= START_LINES_S:
+                first -= 1
+            if first > starts[-1]:  # not the first process's own start
+                starts.append(first)
+    ends = [*starts[1:], len(lines)]
+    return sum((lines[end - 1][0] - lines[start][0]).total_seconds() for start, end in zip(starts, ends) if end > start)
+
+
+def read_done(stage_dir: Path) -> dict[str, Any]:
+    """A finished stage's `STAGE_DONE` (`seconds`, `code`, and `wall_time_s` for a training stage)."""
+    path = stage_dir / DONE
+    try:
+        done = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not JSON ({error.msg})") from None
+    if not isinstance(done, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return done
+
+
+def archive_stage(stage_dir: Path, record_dir: Path, root: Path, exports: Iterable[str] = ()) -> Path:
+    """Write `stage_dir`'s record to `record_dir` (see the module docstring), replacing any earlier one
+    whole: it is written beside and renamed into place, so a reader (or a commit) never sees half of
+    one. `exports`: the policy exports under the stage to keep (`policy/best`); `root`: the schedule's
+    run root, against which warm-start pointers are made relative."""
+    if not (stage_dir / DONE).is_file():
+        raise ValueError(f"{stage_dir}: no {DONE}: only a finished stage is archived")
+    record_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{record_dir.name}.", dir=record_dir.parent))
+    try:
+        _copy(stage_dir / DONE, staging / DONE)
+        for name in (*TRAINING_FILES, *EVALUATION_FILES):
+            if (stage_dir / name).is_file():
+                _copy(stage_dir / name, staging / name)
+        if (stage_dir / PREDICTIONS).is_file():
+            _write_jsonl(staging / PREDICTIONS, (_agent_side(row) for row in _read_jsonl(stage_dir / PREDICTIONS)))
+        for export in exports:
+            _archive_export(stage_dir / export, staging / export, root)
+        previous = record_dir.with_name(f".{record_dir.name}.replaced")
+        if record_dir.exists():
+            record_dir.rename(previous)
+        staging.rename(record_dir)
+        shutil.rmtree(previous, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return record_dir
+
+
+def restore_stage(record_dir: Path, stage_dir: Path, root: Path) -> None:
+    """Lay `record_dir`'s stage into `stage_dir` (which must hold no finished stage), predictions joined
+    with their questions from the dataset that the evaluation's config names, warm-start pointers made
+    absolute under `root`; `STAGE_DONE` last, so an interrupted restore is redone next time."""
+    if (stage_dir / DONE).is_file():
+        raise ValueError(f"{stage_dir}: already finished; a record is restored only into a missing stage")
+    if stage_dir.exists():
+        shutil.rmtree(stage_dir)  # an unfinished attempt: the record replaces it
+    for path in sorted(record_dir.rglob("*")):
+        relative = path.relative_to(record_dir)
+        if path.is_dir() or relative.name == DONE or relative.name == PREDICTIONS:
+            continue
+        if relative.name == WARM_START_FILE:
+            _restore_pointer(path, stage_dir / relative, root)
+        else:
+            _copy(path, stage_dir / relative)
+    if (record_dir / PREDICTIONS).is_file():
+        questions = _questions(record_dir / ".hydra" / "config.yaml")
+        rows = (_with_question(row, questions, record_dir / PREDICTIONS) for row in _read_jsonl(record_dir / PREDICTIONS))
+        _write_jsonl(stage_dir / PREDICTIONS, rows)
+    _copy(record_dir / DONE, stage_dir / DONE)
+
+
+# --- the parts -------------------------------------------------------------------------------------
+
+
+def _copy(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not JSON ({error.msg})") from None
+    return rows
+
+
+def _write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def _agent_side(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: row[key] for key in PREDICTION_FIELDS if key in row}
+
+
+def _archive_export(export: Path, target: Path, root: Path) -> None:
+    missing = [name for name in EXPORT_FILES if not (export / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{export}: no {', '.join(missing)}: not a LoRA policy export (a full "
+                                "checkpoint is too large to archive)")
+    for name in EXPORT_FILES:
+        _copy(export / name, target / name)
+    pointer = export / WARM_START_FILE
+    if pointer.is_file():
+        init = str(json.loads(pointer.read_text())["init"])
+        if not is_shipped(init):
+            path = Path(init).resolve()
+            if path.is_relative_to(root.resolve()):
+                init = f"{ROOT_PLACEHOLDER}/{path.relative_to(root.resolve()).as_posix()}"
+        (target / WARM_START_FILE).write_text(json.dumps({"init": init}) + "\n")
+
+
+def _restore_pointer(source: Path, target: Path, root: Path) -> None:
+    init = str(json.loads(source.read_text())["init"])
+    if init.startswith(ROOT_PLACEHOLDER + "/"):
+        init = str(root.resolve() / init.removeprefix(ROOT_PLACEHOLDER + "/"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({"init": init}) + "\n")
+
+
+def _questions(config_path: Path) -> dict[str, Any]:
+    """qid -> Question of the split the evaluation (its saved Hydra config) answered."""
+    from omegaconf import OmegaConf
+
+    from memr1.pipeline.evaluation import load_split
+
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path}: missing: the record's questions cannot be joined back")
+    cfg = OmegaConf.load(config_path)
+    return {q.qid: q for c in load_split(cfg.data, cfg.split, cfg.conversations) for q in c.questions}
+
+
+def _with_question(row: Mapping[str, Any], questions: Mapping[str, Any], where: Path) -> dict[str, Any]:
+    question = questions.get(row.get("qid"))
+    if question is None:
+        raise ValueError(f"{where}: qid {row.get('qid')!r} is not a question of the dataset the record "
+                         "names (its .hydra/config.yaml): a different file or split")
+    joined = {field: getattr(question, attribute) for field, attribute in QUESTION_FIELDS.items()}
+    joined["evidence"] = list(joined["evidence"])
+    return {**joined, **row}
