@@ -201,13 +201,19 @@ def _configure_pipeline(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE for every stage, or train.py:KEY=VALUE / evaluate.py:KEY=VALUE")
     parser.add_argument("--root", default=None, help="the schedule's directory (default: its `root`)")
     parser.add_argument("--archive", default=None, help="where finished stages are kept and restored from (default: its `archive`, if any)")
+    parser.add_argument("--keep", action="store_true", help="run nothing: keep the finished stages and the running training stage's newest checkpoint in the archive")
 
 
 def _run_pipeline(args: argparse.Namespace) -> int:
-    from memr1.schedule import load_schedule, run_schedule
+    from memr1.schedule import keep_progress, load_schedule, run_schedule
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
-    return run_schedule(load_schedule(args.schedule, args.root, args.overrides, args.archive))
+    schedule = load_schedule(args.schedule, args.root, args.overrides, args.archive)
+    if args.keep:
+        kept = keep_progress(schedule)
+        print(f"kept in {schedule.archive}: {', '.join(kept) or 'nothing new'}")
+        return 0
+    return run_schedule(schedule)
 
 
 # --- compare -------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from omegaconf import OmegaConf
 from memr1.pipeline.report_file import REPORT_FILE
 from memr1.pipeline.tables import ScoredRun, compare_labelled, scores_against_base
 from memr1.provenance import code_version
-from memr1.stage_archive import DONE, archive_stage, log_wall_time_s, restore_stage
+from memr1.stage_archive import DONE, archive_stage, archive_unfinished, restore_stage, unfinished_step
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ROOT / "conf" / "pipeline"
@@ -151,24 +151,26 @@ def stage_command(schedule: Schedule, stage: Stage) -> list[str]:
 def run_schedule(schedule: Schedule) -> int:
     """Run the stages that have not finished, in order; 0 when all have, else the failing stage's
     exit status (a stop by signal is 128 + its number, as train.py's own). With an archive, a stage
-    missing from the run root but kept there is restored instead of run, and each finished stage is
-    kept there (one finished before the archive was named, at the next start)."""
+    missing from the run root but kept there is restored instead of run (a training stage kept
+    unfinished is restored and resumed), and each finished stage is kept there (one that finished
+    before the archive was named, at the next start)."""
     schedule.root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     for number, stage in enumerate(schedule.stages, start=1):
         directory = schedule.root / stage.name
-        record = schedule.archive / stage.name if schedule.archive else None
+        position = f"stage {number}/{len(schedule.stages)} {stage.name}"
         if (directory / DONE).is_file():
-            log.info("stage %d/%d %s: done before, skipped", number, len(schedule.stages), stage.name)
-            if record is not None and not (record / DONE).is_file():
+            log.info("%s: done before, skipped", position)
+            if schedule.archive and not (schedule.archive / stage.name / DONE).is_file():
                 keep(schedule, stage)
             continue
-        if record is not None and (record / DONE).is_file():
-            restore_stage(record, directory, schedule.root)
-            log.info("stage %d/%d %s: restored from %s, skipped", number, len(schedule.stages), stage.name, record)
-            continue
+        if restore(schedule, stage):
+            if (directory / DONE).is_file():
+                log.info("%s: restored from %s, skipped", position, schedule.archive)
+                continue
+            log.info("%s: its checkpoint restored from %s", position, schedule.archive)
         command = stage_command(schedule, stage)
-        log.info("stage %d/%d %s: %s", number, len(schedule.stages), stage.name, " ".join(command[1:]))
+        log.info("%s: %s", position, " ".join(command[1:]))
         stage_started = time.perf_counter()
         code = _run_forwarding_signals(command)
         if code != 0:
@@ -177,12 +179,10 @@ def run_schedule(schedule: Schedule) -> int:
                 stage.name, code, directory,
             )
             return code
-        done: dict[str, object] = {"seconds": round(time.perf_counter() - stage_started, 1), "code": code_version()}
-        if stage.script == "train.py":  # every session's share of a run resumed across sessions
-            done["wall_time_s"] = log_wall_time_s(directory / "train.log")
+        done = {"seconds": round(time.perf_counter() - stage_started, 1), "code": code_version()}
         (directory / DONE).write_text(json.dumps(done) + "\n")
         log.info("stage %s finished in %.0f s", stage.name, time.perf_counter() - stage_started)
-        if record is not None:
+        if schedule.archive:
             keep(schedule, stage)
     log.info("pipeline %s finished in %.0f s (stages run now)", schedule.name, time.perf_counter() - started)
     table = report_table(schedule)
@@ -192,6 +192,24 @@ def run_schedule(schedule: Schedule) -> int:
     return 0
 
 
+def restore(schedule: Schedule, stage: Stage) -> bool:
+    """Lay the archive's record of the unfinished `stage` into the run root: a finished record always,
+    an unfinished one where it got further than the run root's own checkpoints. True if one was."""
+    from memr1.callbacks.checkpoints import checkpoint_step, latest_checkpoint
+
+    record = schedule.archive / stage.name if schedule.archive else None
+    if record is None or not record.is_dir():
+        return False
+    directory = schedule.root / stage.name
+    if not (record / DONE).is_file():
+        kept_step = unfinished_step(record)
+        local = latest_checkpoint(directory / "checkpoints")
+        if kept_step is None or (local is not None and checkpoint_step(local) >= kept_step):
+            return False
+    restore_stage(record, directory, schedule.root)
+    return True
+
+
 def keep(schedule: Schedule, stage: Stage) -> None:
     """Archive the finished `stage` with the policy exports that later stages name."""
     assert schedule.archive is not None
@@ -199,6 +217,28 @@ def keep(schedule: Schedule, stage: Stage) -> None:
     archive_stage(schedule.root / stage.name, schedule.archive / stage.name, schedule.root, exports)
     log.info("stage %s kept in %s%s", stage.name, schedule.archive / stage.name,
              f" (with {', '.join(exports)})" if exports else "")
+
+
+def keep_progress(schedule: Schedule) -> list[str]:
+    """`memr1 pipeline NAME --keep`: archive every finished stage not kept yet, and each unfinished
+    training stage's newest checkpoint; run nothing. The stages kept, in order. Run it with the
+    schedule stopped or paused (SIGSTOP), so that no file is caught mid-write."""
+    from memr1.callbacks.checkpoints import latest_checkpoint
+
+    if schedule.archive is None:
+        raise ValueError(f"pipeline {schedule.name}: no archive to keep stages in (archive: in its file, or --archive)")
+    kept = []
+    for stage in schedule.stages:
+        directory, record = schedule.root / stage.name, schedule.archive / stage.name
+        if (directory / DONE).is_file():
+            if not (record / DONE).is_file():
+                keep(schedule, stage)
+                kept.append(stage.name)
+        elif stage.script == "train.py" and latest_checkpoint(directory / "checkpoints") is not None:
+            archive_unfinished(directory, record, schedule.root)
+            log.info("stage %s kept unfinished in %s (step %s)", stage.name, record, unfinished_step(record))
+            kept.append(stage.name)
+    return kept
 
 
 def referenced_exports(schedule: Schedule) -> dict[str, list[str]]:

@@ -1,17 +1,22 @@
-"""A schedule's finished stages kept in git, so that a schedule spanning sessions outlives its machine.
+"""A schedule's stages kept in git, so that a schedule spanning sessions outlives its machine.
 
 `runs/` lives on one machine; a session may continue on another, with nothing of it. A schedule with
 an `archive:` folder (conf/pipeline/cpu_lift.yaml: `results/cpu_lift`, tracked) copies each stage's
 record there as the stage finishes, and copies it back into a run root that lacks the stage, which
-then counts as done. Committing the folder is what carries a schedule's progress across machines.
+then counts as done. A training stage still running can be kept too (`memr1 pipeline NAME --keep`,
+with the schedule stopped or paused): its newest checkpoint, which a new machine resumes from.
+Committing the folder is what carries a schedule's progress across machines.
 
-A record holds what the closing table, `scripts/lift_report.py`, `scripts/ship_agent.py` and the later
-stages read, and nothing of the dataset (LoCoMo is CC BY-NC):
+A record holds what the closing table, `scripts/lift_report.py`, `scripts/ship_agent.py`, the later
+stages and a resumed run read, and nothing of the dataset (LoCoMo is CC BY-NC):
 
-- every stage: `STAGE_DONE` (how long it ran, on which code);
-- a training stage: `curves.json`, `csv/metrics.csv`, and each policy export a later stage names
-  (`{stage}/policy/best`) as its LoRA adapter and warm-start pointer (the tokenizer is the backbone's);
-  a pointer into the run root is kept relative to it, so the chain holds wherever the root is;
+- every finished stage: `STAGE_DONE` (how long it ran, on which code);
+- a training stage: `curves.json`, `training_curves.png`, `csv/metrics.csv`, `train.log` (metrics and
+  progress lines), and each policy export a later stage names (`{stage}/policy/best`) as its LoRA
+  adapter and warm-start pointer (the tokenizer is the backbone's); a pointer into the run root is
+  kept relative to it, so the chain holds wherever the root is;
+- an unfinished training stage: the same files, its newest checkpoint (trainable weights and optimiser
+  state only, ~11 MB for a LoRA policy) and its `policy/best` so far, marked `STAGE_UNFINISHED`;
 - an evaluation: `report.json`, Hydra's `.hydra/config.yaml`, and `predictions.jsonl` with only the
   agent's side of each row (`PREDICTION_FIELDS`): the question, gold answer and evidence are joined
   back from the dataset by qid on restore, and the reply's raw text, its listed memories and the
@@ -23,20 +28,22 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from memr1.pipeline.compare import PREDICTIONS
 from memr1.pipeline.report_file import REPORT_FILE
+from memr1.provenance import code_version
 from memr1.shipped import WARM_START_FILE, is_shipped
 
 DONE = "STAGE_DONE"
-TRAINING_FILES = ("curves.json", "csv/metrics.csv")
+UNFINISHED = "STAGE_UNFINISHED"  # a training stage kept mid-run: {"checkpoint": its file, "step": N}
+TRAINING_FILES = ("curves.json", "training_curves.png", "csv/metrics.csv", "train.log")
+CHECKPOINTS = "checkpoints"
+BEST_EXPORT = "policy/best"  # a resumed run keeps it unless it validates better
 EVALUATION_FILES = (REPORT_FILE, ".hydra/config.yaml")
 EXPORT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # The agent's side of a prediction row (memr1.pipeline.answering.Prediction); the rest is the dataset's.
@@ -47,68 +54,96 @@ QUESTION_FIELDS = {"question": "question", "gold": "answer", "evidence": "eviden
 # A warm-start pointer inside the run root, as the record keeps it: "{root}/answer-sft/policy/last".
 ROOT_PLACEHOLDER = "{root}"
 
-# train.log lines start with Hydra's "[2026-11-30 04:49:31,335][logger][LEVEL] - ..."
-LOG_TIMESTAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3})\]")
-# Each start of train.py logs this (memr1.training) within milliseconds of its first line.
-RUN_START = "[memr1.training][INFO] - torch uses "
-START_LINES_S = 5.0
-
 log = logging.getLogger("memr1.pipeline")
 
 
-def log_wall_time_s(path: Path) -> float | None:
-    """Seconds train.log's processes ran, summed: a run resumed across sessions has one segment per
-    start of train.py (its `torch uses` line and the lines logged in the seconds just before it), and
-    the time between the last line of one and the start of the next is not the run's. None with fewer
-    than two timestamped lines."""
-    if not path.is_file():
-        return None
-    lines = [(datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f"), line)
-             for line in path.read_text().splitlines() if (match := LOG_TIMESTAMP.match(line))]
-    if len(lines) < 2:
-        return None
-    starts = [0]
-    for index, (stamp, line) in enumerate(lines):
-        if RUN_START in line:
-            first = index
-            while first > starts[-1] and (stamp - lines[first - 1][0]).total_seconds() <= START_LINES_S:
-                first -= 1
-            if first > starts[-1]:  # not the first process's own start
-                starts.append(first)
-    ends = [*starts[1:], len(lines)]
-    return sum((lines[end - 1][0] - lines[start][0]).total_seconds() for start, end in zip(starts, ends) if end > start)
-
-
 def read_done(stage_dir: Path) -> dict[str, Any]:
-    """A finished stage's `STAGE_DONE` (`seconds`, `code`, and `wall_time_s` for a training stage)."""
-    path = stage_dir / DONE
-    try:
-        done = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not JSON ({error.msg})") from None
-    if not isinstance(done, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return done
+    """A finished stage's `STAGE_DONE` (`seconds`, `code`; a kept-from-elsewhere stage's `note`)."""
+    return _read_json_object(stage_dir / DONE)
 
 
 def archive_stage(stage_dir: Path, record_dir: Path, root: Path, exports: Iterable[str] = ()) -> Path:
-    """Write `stage_dir`'s record to `record_dir` (see the module docstring), replacing any earlier one
-    whole: it is written beside and renamed into place, so a reader (or a commit) never sees half of
-    one. `exports`: the policy exports under the stage to keep (`policy/best`); `root`: the schedule's
-    run root, against which warm-start pointers are made relative."""
+    """Write the finished `stage_dir`'s record to `record_dir` (see the module docstring), replacing any
+    earlier one whole. `exports`: the policy exports under the stage to keep (`policy/best`); `root`:
+    the schedule's run root, against which warm-start pointers are made relative."""
     if not (stage_dir / DONE).is_file():
-        raise ValueError(f"{stage_dir}: no {DONE}: only a finished stage is archived")
-    record_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{record_dir.name}.", dir=record_dir.parent))
-    try:
-        _copy(stage_dir / DONE, staging / DONE)
-        for name in (*TRAINING_FILES, *EVALUATION_FILES):
-            if (stage_dir / name).is_file():
-                _copy(stage_dir / name, staging / name)
+        raise ValueError(f"{stage_dir}: no {DONE}: only a finished stage is archived (or an unfinished training stage's checkpoint)")
+
+    def write(staging: Path) -> None:
+        _copy_present(stage_dir, staging, (DONE, *TRAINING_FILES, *EVALUATION_FILES))
         if (stage_dir / PREDICTIONS).is_file():
             _write_jsonl(staging / PREDICTIONS, (_agent_side(row) for row in _read_jsonl(stage_dir / PREDICTIONS)))
         for export in exports:
             _archive_export(stage_dir / export, staging / export, root)
+
+    return _replace(record_dir, write)
+
+
+def archive_unfinished(stage_dir: Path, record_dir: Path, root: Path) -> Path:
+    """Write the record of a training stage still running (or stopped) at its newest checkpoint,
+    replacing any earlier one whole; restored, the stage resumes from that checkpoint."""
+    from memr1.callbacks.checkpoints import checkpoint_step, latest_checkpoint  # torch: only here
+
+    if (stage_dir / DONE).is_file():
+        raise ValueError(f"{stage_dir}: finished; archive it whole (archive_stage)")
+    checkpoint = latest_checkpoint(stage_dir / CHECKPOINTS)
+    if checkpoint is None:
+        raise ValueError(f"{stage_dir}: no checkpoint to resume from; nothing to keep")
+
+    def write(staging: Path) -> None:
+        _copy_present(stage_dir, staging, TRAINING_FILES)
+        _copy(checkpoint, staging / CHECKPOINTS / checkpoint.name)
+        if (stage_dir / BEST_EXPORT / EXPORT_FILES[0]).is_file():
+            _archive_export(stage_dir / BEST_EXPORT, staging / BEST_EXPORT, root)
+        marker = {"checkpoint": checkpoint.name, "step": checkpoint_step(checkpoint), "code": code_version()}
+        (staging / UNFINISHED).write_text(json.dumps(marker) + "\n")
+
+    return _replace(record_dir, write)
+
+
+def unfinished_step(record_dir: Path) -> int | None:
+    """The step an unfinished stage's record resumes from; None when the record is not one."""
+    if not (record_dir / UNFINISHED).is_file():
+        return None
+    return int(_read_json_object(record_dir / UNFINISHED)["step"])
+
+
+def restore_stage(record_dir: Path, stage_dir: Path, root: Path) -> None:
+    """Lay `record_dir`'s stage into `stage_dir` (which must hold no finished stage): predictions joined
+    with their questions from the dataset that the evaluation's config names, warm-start pointers made
+    absolute under `root`. A finished record's `STAGE_DONE` is written last, so an interrupted restore
+    is redone next time; an unfinished one's checkpoint lands in `checkpoints/`, where the stage's
+    next run resumes from it (the files it replaces are the same run's, older)."""
+    if (stage_dir / DONE).is_file():
+        raise ValueError(f"{stage_dir}: already finished; a record is restored only into an unfinished stage")
+    if stage_dir.exists():
+        shutil.rmtree(stage_dir)  # an attempt that got less far than the record (the caller checks)
+    for path in sorted(record_dir.rglob("*")):
+        relative = path.relative_to(record_dir)
+        if path.is_dir() or relative.name in (DONE, UNFINISHED, PREDICTIONS):
+            continue
+        if relative.name == WARM_START_FILE:
+            _restore_pointer(path, stage_dir / relative, root)
+        else:
+            _copy(path, stage_dir / relative)
+    if (record_dir / PREDICTIONS).is_file():
+        questions = _questions(record_dir / ".hydra" / "config.yaml")
+        rows = (_with_question(row, questions, record_dir / PREDICTIONS) for row in _read_jsonl(record_dir / PREDICTIONS))
+        _write_jsonl(stage_dir / PREDICTIONS, rows)
+    if (record_dir / DONE).is_file():
+        _copy(record_dir / DONE, stage_dir / DONE)
+
+
+# --- the parts -------------------------------------------------------------------------------------
+
+
+def _replace(record_dir: Path, write: Any) -> Path:
+    """Run `write(staging)` on a new folder beside `record_dir`, then rename it into place: a reader
+    (or a commit) never sees half of a record."""
+    record_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{record_dir.name}.", dir=record_dir.parent))
+    try:
+        write(staging)
         previous = record_dir.with_name(f".{record_dir.name}.replaced")
         if record_dir.exists():
             record_dir.rename(previous)
@@ -119,30 +154,20 @@ def archive_stage(stage_dir: Path, record_dir: Path, root: Path, exports: Iterab
     return record_dir
 
 
-def restore_stage(record_dir: Path, stage_dir: Path, root: Path) -> None:
-    """Lay `record_dir`'s stage into `stage_dir` (which must hold no finished stage), predictions joined
-    with their questions from the dataset that the evaluation's config names, warm-start pointers made
-    absolute under `root`; `STAGE_DONE` last, so an interrupted restore is redone next time."""
-    if (stage_dir / DONE).is_file():
-        raise ValueError(f"{stage_dir}: already finished; a record is restored only into a missing stage")
-    if stage_dir.exists():
-        shutil.rmtree(stage_dir)  # an unfinished attempt: the record replaces it
-    for path in sorted(record_dir.rglob("*")):
-        relative = path.relative_to(record_dir)
-        if path.is_dir() or relative.name == DONE or relative.name == PREDICTIONS:
-            continue
-        if relative.name == WARM_START_FILE:
-            _restore_pointer(path, stage_dir / relative, root)
-        else:
-            _copy(path, stage_dir / relative)
-    if (record_dir / PREDICTIONS).is_file():
-        questions = _questions(record_dir / ".hydra" / "config.yaml")
-        rows = (_with_question(row, questions, record_dir / PREDICTIONS) for row in _read_jsonl(record_dir / PREDICTIONS))
-        _write_jsonl(stage_dir / PREDICTIONS, rows)
-    _copy(record_dir / DONE, stage_dir / DONE)
+def _read_json_object(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not JSON ({error.msg})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return value
 
 
-# --- the parts -------------------------------------------------------------------------------------
+def _copy_present(source_dir: Path, target_dir: Path, names: Iterable[str]) -> None:
+    for name in names:
+        if (source_dir / name).is_file():
+            _copy(source_dir / name, target_dir / name)
 
 
 def _copy(source: Path, target: Path) -> None:

@@ -39,10 +39,12 @@ import csv
 import json
 import math
 import random
+import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from statistics import mean
 
@@ -55,10 +57,15 @@ from memr1.metrics.lexical import token_f1
 from memr1.pipeline.compare import markdown as comparison_markdown
 from memr1.pipeline.report_file import DISTILL_COLUMNS, LEXICAL_COLUMNS, MEMORY_LISTED, EvalReport
 from memr1.pipeline.tables import ScoredRun, cell, compare_labelled, markdown_table, number
-from memr1.stage_archive import DONE, log_wall_time_s, read_done
+from memr1.stage_archive import DONE, read_done
 
 SCORES = LEXICAL_COLUMNS
 LENGTH_BUCKETS = ("0", "1", "2", "3", "4", "5", "6", "7-10", "11-20", ">20")
+# train.log lines start with Hydra's "[2026-11-30 04:49:31,335][logger][LEVEL] - ..."
+LOG_TIMESTAMP = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3})\]")
+# Each start of train.py logs this (memr1.training) within milliseconds of its first line.
+RUN_START = "[memr1.training][INFO] - torch uses "
+START_LINES_S = 5.0
 # Validation keys in the order that picks a run's headline score (Answer runs log F1, Manager runs reward).
 PRIMARY_VAL_KEYS = ("val/f1", "val/reward")
 SAMPLE_CELL_CHARS = 120
@@ -287,6 +294,29 @@ def read_metrics_csv(path: Path, what: str) -> list[dict[str, float]]:
         return [{key: float(value) for key, value in row.items() if value not in ("", None)} for row in csv.DictReader(handle)]
 
 
+def log_wall_time_s(path: Path) -> float | None:
+    """Seconds train.log's processes ran, summed: a run resumed across sessions has one segment per
+    start of train.py (its `torch uses` line and the lines logged in the seconds just before it), and
+    the time between the last line of one and the start of the next is not the run's. None with fewer
+    than two timestamped lines."""
+    if not path.is_file():
+        return None
+    lines = [(datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f"), line)
+             for line in path.read_text().splitlines() if (match := LOG_TIMESTAMP.match(line))]
+    if len(lines) < 2:
+        return None
+    starts = [0]
+    for index, (stamp, line) in enumerate(lines):
+        if RUN_START in line:
+            first = index
+            while first > starts[-1] and (stamp - lines[first - 1][0]).total_seconds() <= START_LINES_S:
+                first -= 1
+            if first > starts[-1]:  # not the first process's own start
+                starts.append(first)
+    ends = [*starts[1:], len(lines)]
+    return sum((lines[end - 1][0] - lines[start][0]).total_seconds() for start, end in zip(starts, ends) if end > start)
+
+
 def quarter_means(values: Sequence[float], scale: float = 1.0) -> dict[str, float | None]:
     """Means (times `scale`) over the first and last quarter (at least one value each) of `values`."""
     if not values:
@@ -316,9 +346,6 @@ def train_summary(spec: RunSpec, command: str | None) -> dict:
     }
     wall_time_s = log_wall_time_s(spec.path / "train.log")
     wall_time_source = "train.log"
-    if wall_time_s is None and (spec.path / DONE).is_file():  # a stage restored from its archive
-        wall_time_s = read_done(spec.path).get("wall_time_s")
-        wall_time_source = f"{DONE} (train.log's, kept with the stage)"
     if wall_time_s is None:
         wall_time_s = sum(row.get(column, 0.0) for row in step_rows for column in stage_columns)
         wall_time_source = "csv (sum of time/*_s, excludes validation)"

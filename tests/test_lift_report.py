@@ -138,3 +138,22 @@ stages:
     (run,) = report["train"]
     assert (run["label"], run["command"]) == ("grpo", f"python train.py answer.ckpt={root}/sft/policy/last run_dir={root}/grpo")
     assert "not finished yet, left out: test-later" in capsys.readouterr().out
+
+
+def test_a_run_resumed_across_sessions_counts_only_the_time_its_processes_ran(tmp_path, monkeypatch):
+    """Two starts of train.py an hour apart: 90 s, then 30 s; the hour between is not the run's, the
+    lines its second start logs just before `torch uses` are."""
+    spec = importlib.util.spec_from_file_location("lift_report", SCRIPT)
+    lift_report = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "lift_report", lift_report)
+    spec.loader.exec_module(lift_report)
+    log = tmp_path / "train.log"
+    log.write_text(
+        "[2026-12-02 10:00:00,000][memr1.llm.precision][INFO] - precision bf16\n"
+        "[2026-12-02 10:00:00,010][memr1.training][INFO] - torch uses 2 CPU thread(s) of 2 core(s) (threads=None)\n"
+        "[2026-12-02 10:01:30,000][memr1.step][INFO] - step 1/4\n"
+        "[2026-12-02 11:00:00,000][memr1.llm.precision][INFO] - precision bf16\n"
+        "[2026-12-02 11:00:00,002][memr1.training][INFO] - torch uses 2 CPU thread(s) of 2 core(s) (threads=None)\n"
+        "[2026-12-02 11:00:30,000][memr1.step][INFO] - step 2/4\n"
+    )
+    assert lift_report.log_wall_time_s(log) == 120.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from memr1.preflight import EVALUATE_GROUPS, TRAIN_GROUPS, check_typed_groups
 from memr1.provenance import code_version
 from memr1.pipeline.report_file import EvalReport
 from memr1.schedule import DONE, load_schedule, report_table, stage_command
+from memr1.stage_archive import UNFINISHED
 from tests.processes import ROOT, environment, wait_for_line
 
 # The alternating schedule, sized for a tiny random model: every stage runs in seconds.
@@ -175,16 +177,18 @@ def test_the_alternating_pipeline_resumes_after_a_kill_at_a_stage_boundary(backb
 
 
 @pytest.mark.slow  # a subprocess
-def test_sigterm_reaches_the_running_stage_which_checkpoints_and_resumes(backbone, tmp_path):
+def test_sigterm_reaches_the_running_stage_which_checkpoints_and_resumes_on_another_machine(backbone, tmp_path):
+    """Stopped mid-run, the stage is kept unfinished in the archive (`--keep`); on "another machine"
+    (the run root gone) the rerun restores its checkpoint and resumes it, and keeps the finished stage."""
     schedule = tmp_path / "one.yaml"
     schedule.write_text(
         "stages:\n"
         "  - name: answer-sft\n    script: train.py\n"
         "    args: [model=answer, algo=sft, data_loader.max_steps=6, data_loader.limit_val_batches=0]\n"
     )
-    root, log = tmp_path / "run", tmp_path / "log.txt"
+    root, log, results = tmp_path / "run", tmp_path / "log.txt", tmp_path / "results"
     command = [
-        sys.executable, "-m", "memr1.cli", "pipeline", str(schedule), "--root", str(root),
+        sys.executable, "-m", "memr1.cli", "pipeline", str(schedule), "--root", str(root), "--archive", str(results),
         f"backbone.name_or_path={backbone}", f"banks.dir={tmp_path / 'banks'}", *TINY_ALTERNATING,
     ]
     checkpoints = root / "answer-sft" / "checkpoints"
@@ -196,9 +200,21 @@ def test_sigterm_reaches_the_running_stage_which_checkpoints_and_resumes(backbon
         wait_for_line(process, log, "memr1 fault: WAIT at train_step #3")
         process.send_signal(signal.SIGTERM)  # to the runner only, as a scheduler sends it
         assert process.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()[-3000:]
-    assert any(checkpoints.glob("interrupted-step=*.ckpt")) and not (root / "answer-sft" / DONE).exists()
+    (interrupted,) = checkpoints.glob("interrupted-step=*.ckpt")
+    assert not (root / "answer-sft" / DONE).exists()
+
+    keep = subprocess.run([*command, "--keep"], cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=300)
+    assert keep.returncode == 0 and f"kept in {results}: answer-sft" in keep.stdout, (keep.stdout + keep.stderr)[-3000:]
+    record = results / "answer-sft"
+    assert json.loads((record / UNFINISHED).read_text())["checkpoint"] == interrupted.name
+    assert (record / "checkpoints" / interrupted.name).read_bytes() == interrupted.read_bytes()
+
+    shutil.rmtree(root)  # another machine: nothing of the run but the archive
     rerun = subprocess.run(command, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=900)
     assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
+    assert "stage 1/1 answer-sft: its checkpoint restored from" in rerun.stderr
     assert "ckpt_path=last" in rerun.stderr and (root / "answer-sft" / DONE).exists()
     steps = [line.split(",")[0] for line in (root / "answer-sft" / "csv" / "metrics.csv").read_text().splitlines()[1:]]
-    assert steps == [str(step) for step in range(1, 7)]  # every step logged once across the two runs
+    assert steps == [str(step) for step in range(1, 7)]  # every step logged once across the two machines
+    # Kept finished: the record replaced whole, without the checkpoint it no longer needs.
+    assert (record / DONE).is_file() and not (record / UNFINISHED).exists() and not (record / "checkpoints").exists()

@@ -5,17 +5,19 @@ records written the way evaluate.py and train.py lay out their runs, over the Lo
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from memr1.datasets.locomo_file import load_locomo_split
 from memr1.llm.loading import checkpoint_chain
 from memr1.pipeline.compare import PREDICTIONS, compare_runs, read_predictions
 from memr1.pipeline.report_file import EvalReport
-from memr1.schedule import load_schedule, referenced_exports, report_table, run_schedule
-from memr1.stage_archive import DONE, PREDICTION_FIELDS, archive_stage, log_wall_time_s, restore_stage
+from memr1.schedule import load_schedule, referenced_exports, report_table, restore, run_schedule
+from memr1.stage_archive import DONE, PREDICTION_FIELDS, archive_stage, archive_unfinished, restore_stage
 
 FIXTURE = Path(__file__).parent / "fixtures" / "locomo_mini.json"
 DATA = {"kind": "locomo", "path": str(FIXTURE), "download": False, "sha256": None, "exclude_categories": [5],
@@ -166,16 +168,25 @@ def test_only_the_exports_a_later_stage_names_are_kept():
     assert exports["test-answer-sft"] == []
 
 
-def test_a_run_resumed_across_sessions_counts_only_the_time_its_processes_ran(tmp_path):
-    """Two starts of train.py an hour apart: 90 s, then 30 s; the hour between is not the run's, the
-    lines its second start logs just before `torch uses` are."""
-    log = tmp_path / "train.log"
-    log.write_text(
-        "[2026-12-02 10:00:00,000][memr1.llm.precision][INFO] - precision bf16\n"
-        "[2026-12-02 10:00:00,010][memr1.training][INFO] - torch uses 2 CPU thread(s) of 2 core(s) (threads=None)\n"
-        "[2026-12-02 10:01:30,000][memr1.step][INFO] - step 1/4\n"
-        "[2026-12-02 11:00:00,000][memr1.llm.precision][INFO] - precision bf16\n"
-        "[2026-12-02 11:00:00,002][memr1.training][INFO] - torch uses 2 CPU thread(s) of 2 core(s) (threads=None)\n"
-        "[2026-12-02 11:00:30,000][memr1.step][INFO] - step 2/4\n"
-    )
-    assert log_wall_time_s(log) == 120.0
+def test_an_unfinished_record_is_restored_only_where_it_got_further_than_the_run_root(tmp_path):
+    spec = tmp_path / "one.yaml"
+    spec.write_text("stages:\n  - {name: sft, script: train.py, args: [algo=sft]}\n")
+    schedule = load_schedule(str(spec), root=str(tmp_path / "runs"), archive=str(tmp_path / "results"))
+    stage = schedule.stages[0]
+    elsewhere = tmp_path / "elsewhere" / "sft"
+    (elsewhere / "checkpoints").mkdir(parents=True)
+    torch.save({"loops": {}, "state_dict": {}}, elsewhere / "checkpoints" / "interrupted-step=3.ckpt")
+    export(elsewhere / "policy" / "best", b"best so far")
+    archive_unfinished(elsewhere, tmp_path / "results" / "sft", tmp_path / "elsewhere")
+
+    local = tmp_path / "runs" / "sft" / "checkpoints"
+    local.mkdir(parents=True)
+    torch.save({"loops": {}, "state_dict": {}}, local / "step=5.ckpt")
+    assert not restore(schedule, stage)  # this machine's run is further: kept as it is
+    assert sorted(path.name for path in local.iterdir()) == ["step=5.ckpt"]
+
+    shutil.rmtree(tmp_path / "runs")
+    assert restore(schedule, stage)
+    assert sorted(path.name for path in local.iterdir()) == ["interrupted-step=3.ckpt"]
+    assert (tmp_path / "runs" / "sft" / "policy" / "best" / "adapter_model.safetensors").read_bytes() == b"best so far"
+    assert not (tmp_path / "runs" / "sft" / DONE).exists()  # it runs, resuming from step 3
