@@ -27,7 +27,6 @@ stages and a resumed run read, and nothing of the dataset (LoCoMo is CC BY-NC):
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -53,9 +52,6 @@ PREDICTION_FIELDS = ("qid", "conversation_id", "prediction", "category", "format
 QUESTION_FIELDS = {"question": "question", "gold": "answer", "evidence": "evidence"}
 # A warm-start pointer inside the run root, as the record keeps it: "{root}/answer-sft/policy/last".
 ROOT_PLACEHOLDER = "{root}"
-
-log = logging.getLogger("memr1.pipeline")
-
 
 def read_done(stage_dir: Path) -> dict[str, Any]:
     """A finished stage's `STAGE_DONE` (`seconds`, `code`; a kept-from-elsewhere stage's `note`)."""
