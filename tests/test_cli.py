@@ -131,6 +131,17 @@ def test_memr1_without_a_command_shows_usage() -> None:
     assert "usage: memr1" in result.stderr and "data-summary" in result.stderr
 
 
+def test_pipeline_keep_archives_the_finished_stages_and_runs_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    (root / "base-eval").mkdir(parents=True)
+    (root / "base-eval" / "STAGE_DONE").write_text("{}\n")  # the demo's first stage, finished
+    result = memr1("pipeline", "demo", "--root", root, "--archive", tmp_path / "results", "--keep")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"kept in {tmp_path / 'results'}: base-eval\n"
+    assert (tmp_path / "results" / "base-eval" / "STAGE_DONE").read_text() == "{}\n"
+    assert sorted(path.name for path in root.iterdir()) == ["base-eval"]  # no stage ran
+
+
 def test_data_summary_json_on_the_real_file(real_locomo: Path) -> None:
     result = memr1("data-summary", real_locomo, "--json")
     assert result.returncode == 0, result.stderr

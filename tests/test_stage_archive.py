@@ -16,7 +16,7 @@ from memr1.datasets.locomo_file import load_locomo_split
 from memr1.llm.loading import checkpoint_chain
 from memr1.pipeline.compare import PREDICTIONS, compare_runs, read_predictions
 from memr1.pipeline.report_file import EvalReport
-from memr1.schedule import load_schedule, referenced_exports, report_table, restore, run_schedule
+from memr1.schedule import keep_progress, load_schedule, referenced_exports, report_table, restore, run_schedule
 from memr1.stage_archive import DONE, PREDICTION_FIELDS, archive_stage, archive_unfinished, restore_stage
 
 FIXTURE = Path(__file__).parent / "fixtures" / "locomo_mini.json"
@@ -158,6 +158,11 @@ def test_the_schedule_keeps_finished_stages_and_restores_kept_ones_instead_of_ru
     assert read_predictions(tmp_path / "runs" / "test-sft").keys() == read_predictions(other_machine).keys()
     # Base answers "no" to every question (F1 0), SFT the gold answer (F1 100).
     assert "SFT beats base: F1 +100.00 [+100.00, +100.00]; 7 of 7 answers differ." in report_table(schedule).splitlines()
+
+
+def test_keeping_needs_an_archive():
+    with pytest.raises(ValueError, match="pipeline demo: no archive to keep stages in"):
+        keep_progress(load_schedule("demo"))
 
 
 def test_only_the_exports_a_later_stage_names_are_kept():
