@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ PREDICTION_FIELDS = ("qid", "conversation_id", "prediction", "category", "format
 QUESTION_FIELDS = {"question": "question", "gold": "answer", "evidence": "evidence"}
 # A warm-start pointer inside the run root, as the record keeps it: "{root}/answer-sft/policy/last".
 ROOT_PLACEHOLDER = "{root}"
+
 
 def read_done(stage_dir: Path) -> dict[str, Any]:
     """A finished stage's `STAGE_DONE` (`seconds`, `code`; a kept-from-elsewhere stage's `note`)."""
@@ -133,7 +134,7 @@ def restore_stage(record_dir: Path, stage_dir: Path, root: Path) -> None:
 # --- the parts -------------------------------------------------------------------------------------
 
 
-def _replace(record_dir: Path, write: Any) -> Path:
+def _replace(record_dir: Path, write: Callable[[Path], None]) -> Path:
     """Run `write(staging)` on a new folder beside `record_dir`, then rename it into place: a reader
     (or a commit) never sees half of a record."""
     record_dir.parent.mkdir(parents=True, exist_ok=True)
