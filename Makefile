@@ -34,9 +34,13 @@ train-again: $(STAMP)
 	rm -rf $(DEMO_DIR)
 	$(PY) -m memr1.cli pipeline demo --root $(DEMO_DIR)
 
-# Every test (the README's and CI's command), with the 25 slowest named at the end.
+# Every test (the README's and CI's command), with the 25 slowest named at the end. On two workers
+# (pytest-xdist; TEST_WORKERS=auto uses every core): most of the slow tests' time is single-threaded
+# (each subprocess imports torch, lightning and torchmetrics for ~12 s), so two workers keep both
+# cores busy. worksteal: an idle worker takes queued tests from the other, so no long test waits alone.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
 
 # The fast lane while working: everything but the `slow` tests (subprocesses, several processes, the
 # embedded model); under 3 minutes on 2 cores.

@@ -125,6 +125,18 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[Callback]:
     return callbacks
 
 
+def cpu_threads(cfg: DictConfig) -> int:
+    """torch's CPU threads in each process of this run: `threads`, else the machine's cores shared among
+    the run's processes on it (`trainer.devices` of them when they train on the CPU). More threads than
+    cores make OpenMP's waiting threads spin against each other's work: two 2-thread runs on 2 cores
+    each took 1.7x as long as one alone (tests/test_distributed_training.py's runs are such a pair)."""
+    if cfg.threads:
+        return cfg.threads
+    settings = trainer_kwargs(cfg.trainer)
+    processes_here = settings["devices"] if settings["accelerator"] == "cpu" else 1
+    return max(1, (os.cpu_count() or 1) // processes_here)
+
+
 def build_trainer(cfg: DictConfig, run_dir: Path) -> Trainer:
     loader = cfg.data_loader
     loggers = build_loggers(cfg, run_dir)
@@ -166,7 +178,7 @@ def resume_checkpoint(ckpt_path: str | None, run_dir: Path) -> str | None:
 def run_training(cfg: DictConfig, run_dir: Path, data: LightningDataModule) -> RLModule:
     """Train on `data` (the entry point's data module: `RLStatesDataModule.from_config(cfg)`)."""
     seed_everything(cfg.seed, workers=True)
-    threads = cfg.threads or os.cpu_count() or 1
+    threads = cpu_threads(cfg)
     torch.set_num_threads(threads)
     log.info("torch uses %d CPU thread(s) of %d core(s) (threads=%s)", threads, os.cpu_count(), cfg.threads)
     log.info("memr1 code: %s", describe(code_version()))  # each resume logs its own: a run may span commits

@@ -30,6 +30,9 @@ TINY_RUN = (
     "data_loader.states_per_step=2", "data_loader.max_steps=6", "data_loader.val_check_interval=2",
     "data_loader.limit_val_batches=1", "data_loader.val_batch_size=2", "checkpoint.every_n_train_steps=1",
     "logging.wandb=false", "logging.samples_every_n_steps=1",
+    # probes at steps 1, 2, 4 and 6 (as many probe states as the default's 4 at steps 1 and 6): one at a
+    # validation step, where a stop during the probe is tested (test_faults.py)
+    "data_loader.probe_states=2", "data_loader.probe_every_n_steps=2",
 )
 
 

@@ -14,7 +14,7 @@ from memr1.config import AnswerConfig, BanksConfig, ManagerConfig
 from memr1.rl.algorithms import AlgoConfig
 from memr1.factories import algo_config, answer_config
 from memr1.preflight import EVALUATE_GROUPS, TRAIN_GROUPS, ConfigError, check_typed_groups
-from memr1.training import trainer_kwargs
+from memr1.training import cpu_threads, trainer_kwargs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -50,6 +50,15 @@ def test_trainer_kinds_on_a_cpu_machine():
     on_cpu = trainer_kwargs(compose_config("train", ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2"]).trainer)
     assert (on_cpu["accelerator"], on_cpu["devices"], on_cpu["precision"]) == ("cpu", 2, "32-true")
     assert type(on_cpu["strategy"]).__name__ == "ModelParallelStrategy"  # FSDP2, the module shards in configure_model
+
+
+def test_the_cores_are_shared_among_a_runs_cpu_processes(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 8)  # the machine, not the code under test
+    assert cpu_threads(compose_config("train", ["trainer=cpu"])) == 8
+    assert cpu_threads(compose_config("train", ["trainer=cpu", "trainer.devices=2"])) == 4
+    assert cpu_threads(compose_config("train", ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=3"])) == 2
+    assert cpu_threads(compose_config("train", ["trainer=cpu", "trainer.devices=16"])) == 1
+    assert cpu_threads(compose_config("train", ["trainer=cpu", "trainer.devices=2", "threads=3"])) == 3  # as set
 
 
 @pytest.mark.parametrize("ablation", sorted(p.stem for p in (CONF / "ablation").glob("*.yaml")))

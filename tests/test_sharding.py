@@ -113,6 +113,7 @@ def test_fsdp_shards_the_decoder_layer_the_model_names(tokenizer):
 
 
 def test_vllm_gets_one_merged_checkpoint_for_a_lora_export(tokenizer, tmp_path):
+    torch.manual_seed(0)  # the weights, hence the logits, would otherwise depend on the tests run before
     base = tmp_path / "base"
     tiny_causal_lm(tokenizer).save_pretrained(base)
     tokenizer.save_pretrained(base)
@@ -128,5 +129,7 @@ def test_vllm_gets_one_merged_checkpoint_for_a_lora_export(tokenizer, tmp_path):
     ids = torch.tensor([[3, 8, 1, 4]])
     served, _ = load_policy(merged)
     with torch.no_grad():
-        assert torch.allclose(served(ids).logits, policy.eval()(ids).logits, atol=1e-4)
+        served_logits, policy_logits = served(ids).logits, policy.eval()(ids).logits
+    # merging rounds each weight once: over 36 seeds the logits (~18 in size) differed by at most 8e-5
+    assert (served_logits - policy_logits).abs().max() <= 1e-5 * policy_logits.abs().max()
     assert merged_checkpoint(base, base, cache_dir=tmp_path / "cache") == base  # a full checkpoint as it is
