@@ -117,6 +117,13 @@ def train_summary(train_run: Path | None, command: str) -> dict[str, Any]:
     return summary
 
 
+def kept_training(target: Path, adapter_sha256: str) -> dict[str, Any] | None:
+    """The `trained` record of the card shipped at `target`, when it is the same adapter: re-scoring an
+    agent (a new `--eval`) keeps how it was trained after its train run's files are gone."""
+    shipped = json.loads((target / CARD_FILE).read_text())
+    return shipped["trained"] if shipped.get("adapter_sha256") == adapter_sha256 else None
+
+
 def ship(args: argparse.Namespace) -> Path:
     export = Path(args.export)
     missing = [name for name in ADAPTER_FILES if not (export / name).is_file()]
@@ -133,6 +140,9 @@ def ship(args: argparse.Namespace) -> Path:
         shutil.copy2(export / name, staging / name)
     if args.warm_start:
         (staging / WARM_START_FILE).write_text(json.dumps({"init": args.warm_start}) + "\n")
+    trained = train_summary(Path(args.train_run) if args.train_run else None, args.train_command)
+    if args.train_run is None and target.exists():
+        trained = kept_training(target, adapter_digest(staging)) or trained
     evaluation = evaluation_summary(Path(args.eval), Path(args.versus) if args.versus else None)
     # The precision the answers were decoded in, named: `auto` would pick fp32 on a CPU without bf16 units.
     overrides = [*args.eval_overrides, f"precision={evaluation['settings'].get('precision', 'fp32')}"]
@@ -143,7 +153,7 @@ def ship(args: argparse.Namespace) -> Path:
         "backbone": evaluation["settings"]["backbone"],
         "warm_start": args.warm_start,
         "adapter_sha256": adapter_digest(staging),
-        "trained": train_summary(Path(args.train_run) if args.train_run else None, args.train_command),
+        "trained": trained,
         "evaluation": evaluation,
         "rescore": rescore,
     }
@@ -163,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-start", help="trained:PARENT, the shipped agent the run started from")
     parser.add_argument("--eval", required=True, help="an evaluate.py run directory that scored this export")
     parser.add_argument("--versus", help="the evaluate.py run of the agent it started from (paired comparison)")
-    parser.add_argument("--train-run", help="the train.py run directory (its config and step count go on the card)")
+    parser.add_argument("--train-run", help="the train.py run directory (its config and step count go on the card); "
+                                            "without it, a --replace of the same adapter keeps the card's record of its training")
     parser.add_argument("--train-command", required=True, help="the command that trained it")
     parser.add_argument("--eval-overrides", nargs="*", default=[], help="evaluate.py overrides of the scoring run, for the card's re-score command")
     parser.add_argument("--rescore", help="the full re-score command, in place of one built from --eval-overrides")

@@ -60,7 +60,11 @@ def test_a_shipped_chain_loads_by_name_exactly_as_the_run_exports(backbone, tmp_
     refused = ship(root, "--name", "rl", "--export", str(rl), "--eval", str(rl_eval), *common)
     assert refused.returncode != 0 and "ship that first and name it with --warm-start" in refused.stderr
 
-    shipped = ship(root, "--name", "sft", "--export", str(sft), "--eval", str(base_eval), *common)
+    sft_run = tmp_path / "sft"
+    (sft_run / ".hydra").mkdir()
+    (sft_run / ".hydra" / "overrides.yaml").write_text("- algo=sft\n")
+    (sft_run / "curves.json").write_text(json.dumps({"train": {"loss": [[1, 0.9], [30, 0.1]]}}))
+    shipped = ship(root, "--name", "sft", "--export", str(sft), "--eval", str(base_eval), "--train-run", str(sft_run), *common)
     assert shipped.returncode == 0, shipped.stderr
     # A warm start that is not the adapter the run started from is refused by digest.
     other = save_lora_export(backbone, tmp_path / "other", seed=5)
@@ -73,6 +77,14 @@ def test_a_shipped_chain_loads_by_name_exactly_as_the_run_exports(backbone, tmp_
     # Shipping over an agent takes --replace.
     again = ship(root, "--name", "sft", "--export", str(sft), "--eval", str(base_eval), *common)
     assert again.returncode != 0 and "--replace" in again.stderr
+    # Re-scored (a new --eval) after its train run is gone: the card keeps how that adapter was trained.
+    for path in (sft_run / "curves.json", sft_run / ".hydra" / "overrides.yaml"):
+        path.unlink()
+    rescored = ship(root, "--name", "sft", "--export", str(sft), "--eval", str(rl_eval), "--replace", *common)
+    assert rescored.returncode == 0, rescored.stderr
+    sft_card = json.loads((root / "sft" / "card.json").read_text())
+    assert sft_card["trained"] == {"command": "python train.py ...", "overrides": ["- algo=sft"], "steps": 30}
+    assert sft_card["evaluation"]["scores"]["f1"] == pytest.approx(200 / 3)
 
     monkeypatch.setenv(TRAINED_DIR_ENV, str(root))
     assert list(shipped_agents()) == ["other", "rl", "sft"]
