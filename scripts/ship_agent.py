@@ -140,9 +140,10 @@ def ship(args: argparse.Namespace) -> Path:
         shutil.copy2(export / name, staging / name)
     if args.warm_start:
         (staging / WARM_START_FILE).write_text(json.dumps({"init": args.warm_start}) + "\n")
+    adapter_sha256 = adapter_digest(staging)
     trained = train_summary(Path(args.train_run) if args.train_run else None, args.train_command)
     if args.train_run is None and target.exists():
-        trained = kept_training(target, adapter_digest(staging)) or trained
+        trained = kept_training(target, adapter_sha256) or trained
     evaluation = evaluation_summary(Path(args.eval), Path(args.versus) if args.versus else None)
     # The precision the answers were decoded in, named: `auto` would pick fp32 on a CPU without bf16 units.
     overrides = [*args.eval_overrides, f"precision={evaluation['settings'].get('precision', 'fp32')}"]
@@ -152,7 +153,7 @@ def ship(args: argparse.Namespace) -> Path:
         "agent": args.agent,
         "backbone": evaluation["settings"]["backbone"],
         "warm_start": args.warm_start,
-        "adapter_sha256": adapter_digest(staging),
+        "adapter_sha256": adapter_sha256,
         "trained": trained,
         "evaluation": evaluation,
         "rescore": rescore,
