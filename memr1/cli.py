@@ -30,6 +30,7 @@ from memr1.datasets.locomo import (
     split_stats,
 )
 from memr1.shipped import is_shipped
+from memr1.types import ADD_TEXTS
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,8 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--manager", default="none", help="the Memory Manager: 'none' (ADD every fact), 'base' (the prompted backbone), a shipped agent (trained:NAME), a trained policy/ export dir, or openai:URL#MODEL")
     parser.add_argument("--answer", default="base", help="the Answer Agent: 'base', a shipped agent (trained:NAME), a trained policy/ export dir, openai:URL#MODEL, or 'none'")
     parser.add_argument("--extractor", default="none", help="fact extraction: 'none' (each user message is a fact), 'base', or openai:URL#MODEL")
+    parser.add_argument("--manager-add-text", choices=ADD_TEXTS,
+                        help="what the Manager's ADD stores: 'fact' (the default: the fact as given) or 'model' (its own text, as Mem0)")
     parser.add_argument("--k", type=int, default=30, help="memories shown to the Answer Agent (the paper: 30 per speaker)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="the Answer Agent's reply budget (room to list memories)")
     parser.add_argument("--no-distill", action="store_true", help="answer directly, without listing the memories used")
@@ -175,6 +178,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
             raise ValueError(f"--api-key-env {args.api_key_env}: that environment variable is empty")
+    if args.manager_add_text and args.manager == "none":
+        raise ValueError("--manager-add-text: there is no Manager (--manager none) and every fact is ADDed as given")
     models: dict = {}
     memory = Memory(
         args.path,
@@ -182,6 +187,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         extractor=_agent_model(args.extractor, args.model, models, args.precision),
         manager=_agent_model(args.manager, args.model, models, args.precision),
         answerer=_agent_model(args.answer, args.model, models, args.precision),
+        **({"add_text": args.manager_add_text} if args.manager_add_text else {}),
         k=args.k,
         distill=not args.no_distill,
         max_new_tokens=args.max_new_tokens,

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from memr1.types import ADD_TEXTS
+
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 LOSS_AGG_MODES: tuple[str, ...] = LossAggMode.__args__  # type: ignore[attr-defined]
 KLKind = Literal["k1", "k2", "k3", "low_var_kl", "abs"]
@@ -40,17 +42,20 @@ class AnswerConfig:
 @dataclass(frozen=True)
 class ManagerConfig:
     """The Memory Manager (`manager` group), the same for training and for building banks: its policy,
-    the candidates it is shown and how it decodes."""
+    the candidates it is shown, how it decodes and what its ADD stores."""
 
     ckpt: str | None = None          # its policy export (null: the prompted base model)
     num_candidates: int = 5          # similar memories shown with temporary ids (Mem0: 5)
     max_new_tokens: int = 128        # one JSON operation
     batch_size: int = 8              # facts decided together (one per conversation while banks build)
+    add_text: str = "fact"           # what an ADD stores: the fact as given, or the model's text (Mem0's); memr1.agents.manager
 
     def __post_init__(self) -> None:
         for key in ("num_candidates", "max_new_tokens", "batch_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"manager.{key}: must be >= 1, got {getattr(self, key)}")
+        if self.add_text not in ADD_TEXTS:
+            raise ValueError(f"manager.add_text: {self.add_text!r} is not one of {ADD_TEXTS}")
 
 
 BANK_POLICIES = ("add_all", "manager")

@@ -148,7 +148,7 @@ def memory_policy(recipe: BankRecipe, manager: ManagerConfig, engine: Any) -> Me
     if not recipe.uses_manager:
         return AddAllPolicy()
     return LazyPolicy(
-        lambda: ModelPolicy(engine(manager.ckpt), ManagerAgent(), SamplingConfig.greedy_up_to(manager.max_new_tokens), manager.num_candidates),
+        lambda: ModelPolicy(engine(manager.ckpt), ManagerAgent(manager.add_text), SamplingConfig.greedy_up_to(manager.max_new_tokens), manager.num_candidates),
         manager.num_candidates,
     )
 
@@ -214,7 +214,7 @@ def build_env(cfg: DictConfig) -> AnswerEnv | ManagerEnv:
     if model.agent == "manager":
         frozen, tokenizer = frozen_policy(cfg.backbone.name_or_path, cfg.backbone.dtype, answer.ckpt)
         return ManagerEnv(
-            ManagerAgent(),
+            ManagerAgent(manager_config(cfg).add_text),
             answer_agent(answer),
             build_engine("hf", model=frozen, tokenizer=tokenizer, batch_size=answer.batch_size, precision=run_precision(cfg)),
             SamplingConfig.greedy_up_to(answer.max_new_tokens),

@@ -129,6 +129,10 @@ class OpKind(str, enum.Enum):
     NOOP = "NOOP"
 
 
+# What the Manager's ADD stores: its fact as given, or the model's "text" (Mem0's); memr1.agents.manager says why.
+ADD_TEXTS = ("fact", "model")
+
+
 @dataclass(frozen=True)
 class MemoryOp:
     """One memory operation.

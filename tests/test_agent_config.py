@@ -3,6 +3,7 @@ Answer Agent from the same `answer` group, and the bank recipe names identical b
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -84,6 +85,12 @@ def test_identical_bank_recipes_share_one_name_and_different_ones_do_not(tmp_pat
     tiny = bank_recipe(composed("evaluate", f"banks.embedder={tmp_path}"))
     assert tiny.embedder == str(tmp_path) and tiny.signature() != evaluation.signature()
     assert evaluation.signature() == "locomo-observation-add_all-8939cd1fe6"
+    # What an ADD stores changes the banks; an ADD of the model's text keeps the name such banks had
+    # before `manager.add_text` existed.
+    model_text = bank_recipe(composed("evaluate", "banks=manager", f"manager.ckpt={copy}", "manager.add_text=model"))
+    assert trained.writer["manager"]["add_text"] == "fact" and model_text.signature() != trained.signature()
+    before_the_key = {"manager": {key: value for key, value in model_text.writer["manager"].items() if key != "add_text"}}
+    assert model_text.signature() == dataclasses.replace(model_text, writer=before_the_key).signature()
 
 
 def test_an_export_that_training_never_moved_shares_its_warm_starts_banks(backbone, tmp_path):

@@ -168,7 +168,8 @@ def manager_op(
 
 
 def parse_op(text: str) -> MemoryOp:
-    return ManagerAgent().parse(text, FACT, CANDIDATES)
+    """How the schema is read: with add_text="model", where an ADD's text is read too."""
+    return ManagerAgent(add_text="model").parse(text, FACT, CANDIDATES)
 
 
 def test_temp_id_map_follows_candidate_order() -> None:
@@ -340,6 +341,50 @@ def test_temp_id_map_follows_candidate_order() -> None:
 )
 def test_manager_parse(output: str, expected: MemoryOp) -> None:
     assert parse_op(output) == expected
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        pytest.param(
+            '{"memory": [{"id": "7", "text": "Andrew adopted Scout", "event": "ADD"}]}',
+            manager_op(OpKind.ADD, FACT.text),
+            id="add-stores-the-fact-not-a-rewrite",
+        ),
+        pytest.param(
+            '{"memory": [{"id": "0", "text": "Andrew adopted a dog named Buddy", "event": "ADD"}]}',
+            manager_op(OpKind.ADD, FACT.text),
+            id="add-stores-the-fact-not-a-copied-memory",
+        ),
+        pytest.param('{"memory": [{"event": "ADD"}]}', manager_op(OpKind.ADD, FACT.text), id="add-without-text"),
+        pytest.param(
+            '{"memory": [{"text": ["Andrew"], "event": "ADD"}]}', manager_op(OpKind.ADD, FACT.text), id="add-text-unread"
+        ),
+        pytest.param(
+            '{"memory": [{"id": "0", "text": "Andrew adopted two dogs, Buddy and Scout", "event": "UPDATE"}]}',
+            manager_op(OpKind.UPDATE, "Andrew adopted two dogs, Buddy and Scout", "mem-buddy"),
+            id="update-writes-the-model-text",
+        ),
+        pytest.param(
+            '{"memory": [{"id": "0", "event": "UPDATE"}]}',
+            manager_op(OpKind.NOOP, format_error="empty_text"),
+            id="update-without-text-is-malformed",
+        ),
+        pytest.param(
+            '{"memory": [{"event": "garbage"}, {"event": "ADD"}]}',
+            manager_op(OpKind.NOOP, format_error="unknown_event"),
+            id="malformed-entry-before-the-add",
+        ),
+        pytest.param('{"memory": [{"event": "NONE"}]}', manager_op(OpKind.NOOP), id="none"),
+    ],
+)
+def test_manager_add_stores_the_fact_by_default(output: str, expected: MemoryOp) -> None:
+    assert ManagerAgent().parse(output, FACT, CANDIDATES) == expected
+
+
+def test_manager_add_text_is_checked() -> None:
+    with pytest.raises(ValueError, match="add_text: 'both' is not one of"):
+        ManagerAgent(add_text="both")
 
 
 def test_manager_parse_with_no_candidates_rejects_every_target() -> None:

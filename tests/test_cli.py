@@ -1,6 +1,6 @@
 """The `memr1` command line, run as a subprocess (`python -m memr1.cli`).
 
-Time budget: about 4 s on 2 CPU cores (six subprocesses of ~0.5 s each).
+Time budget: about 4 s on 2 CPU cores (seven subprocesses of ~0.5 s each).
 """
 
 from __future__ import annotations
@@ -123,6 +123,13 @@ def test_data_summary_errors_are_one_line(tmp_path: Path) -> None:
     result = memr1("data-summary", broken, "--json")
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == f"memr1 data-summary: error: {broken}: $[0].conversation: missing\n"
+
+
+def test_serve_refuses_what_an_add_stores_when_there_is_no_manager(tmp_path: Path) -> None:
+    result = memr1("serve", "--path", tmp_path / "memories", "--manager-add-text", "model")
+    assert result.returncode == 1
+    assert result.stderr.startswith("memr1 serve: error: --manager-add-text: there is no Manager (--manager none)")
+    assert not (tmp_path / "memories").exists()  # refused before anything was opened
 
 
 def test_memr1_without_a_command_shows_usage() -> None:

@@ -246,7 +246,8 @@ def test_counterfactual_credit_scores_each_operation_against_the_same_state_unde
 
 def test_manager_env_rejected_op_is_a_noop_with_the_penalty(bank: MemoryBank) -> None:
     state = scout_state(bank, [DOGS])
-    env = ManagerEnv(ManagerAgent(), AnswerAgent(), MemoryReader(), GREEDY, k_per_speaker=5)
+    # the model's own text, which the bank refuses (with add_text="fact" an ADD stores the fact)
+    env = ManagerEnv(ManagerAgent(add_text="model"), AnswerAgent(), MemoryReader(), GREEDY, k_per_speaker=5)
     too_long = "dog " * 20_000  # 80 000 bytes, over the bank's 65 535-byte text limit
     lone_surrogate = "Scout \ud800"  # parses (JSON allows the escape) but is no valid Unicode
     rewards = env.score([state, state], [op_json("ADD", text=too_long), op_json("ADD", text=lone_surrogate)])

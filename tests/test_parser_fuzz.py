@@ -16,6 +16,7 @@ import json
 import random
 import string
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -173,8 +174,9 @@ def valid_manager_outputs() -> Iterator[tuple[str, str]]:
 # --- invariants -----------------------------------------------------------------------------------
 
 
-def parse_op(text: str) -> MemoryOp:
-    return ManagerAgent().parse(text, FACT, CANDIDATES)
+def parse_op(text: str, add_text: str = "model") -> MemoryOp:
+    """The reader of the whole schema by default: with add_text="model" an ADD's text is read too."""
+    return ManagerAgent(add_text=add_text).parse(text, FACT, CANDIDATES)
 
 
 def check_op(op: MemoryOp) -> None:
@@ -243,6 +245,23 @@ def test_random_json_documents_keep_the_invariants() -> None:
         if rng.random() < 0.3:
             rendered = repr(document)
         check_op(parse_op(rng.choice(WRAPPERS)(rendered)))
+
+
+def test_storing_the_fact_changes_only_what_an_add_stores() -> None:
+    """add_text="fact" reads every output as "model" does, except an ADD's text: the ADDs store the
+    fact, and an ADD whose text alone was malformed is an ADD of the fact."""
+    rng = random.Random(SEED + 4)
+    for _ in range(2000):
+        document = {"memory": [random_entry(rng) for _ in range(rng.randrange(1, 4))]}
+        output = rng.choice(WRAPPERS)(json.dumps(document))
+        as_model, as_fact = parse_op(output), parse_op(output, add_text="fact")
+        check_op(as_fact)
+        if as_model.kind is OpKind.ADD:
+            assert as_fact == replace(as_model, text=FACT.text), output
+        elif as_fact.kind is OpKind.ADD:  # the model's ADD had a malformed text, which "fact" does not read
+            assert as_model.format_error in ("empty_text", "wrong_type"), output
+        else:
+            assert as_fact == as_model, output
 
 
 def test_every_truncation_of_a_valid_output_is_a_format_error() -> None:

@@ -98,6 +98,7 @@ def test_a_typo_in_a_key_fails_before_heavy_imports(tmp_path):
         ("evaluate.py", "+answer.k_per_speakr=3", "answer.k_per_speakr: no such key in answer (AnswerConfig); did you mean answer.k_per_speaker?"),
         ("evaluate.py", "banks.policy=prompted", "banks.policy: 'prompted' is not one of ('add_all', 'manager')"),
         ("train.py", "answer.max_new_tokens=0", "answer.max_new_tokens: must be >= 1, got 0"),
+        ("evaluate.py", "manager.add_text=both", "manager.add_text: 'both' is not one of ('fact', 'model')"),
     ],
 )
 def test_following_hydras_append_hint_still_names_the_key_before_heavy_imports(tmp_path, script, override, message):

@@ -21,6 +21,14 @@ Reading the output (`ManagerAgent.parse`):
 - events are case-insensitive and NOOP is read as NONE; an id may be a string or an integer;
   `old_memory` is informational and never read;
 - anything else is `MemoryOp(OpKind.NOOP, format_error=<one of MANAGER_FORMAT_ERRORS>)`.
+
+What an ADD stores (`add_text`): the prompt defines an ADD's "text" as the new fact, so by default
+(`"fact"`) an ADD stores the fact as given and its "text" is not read: the Manager decides the
+operation, and only UPDATE writes text of its own (the merge). Mem0, and the paper after it, store
+the model's text (`"model"`); a small model's copy is not the fact: of the 2,127 ADDs of the lift's
+SFT Manager (SmolLM2-135M) on the LoCoMo test split, 48% wrote other text (a lossy rewrite, or
+another memory of the conversation copied from the prompt), and its banks scored 3.75 F1 under
+ADD-all's (docs/cpu_lift.md).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from typing import Any
 
 from memr1.agents.lenient_json import JSONTruncated, find_json_object
 from memr1.agents.text import one_line
-from memr1.types import Fact, MemoryEntry, MemoryOp, OpKind
+from memr1.types import ADD_TEXTS, Fact, MemoryEntry, MemoryOp, OpKind
 
 MANAGER_SYSTEM_PROMPT = """\
 You manage a memory bank. Compare a new fact with the existing memories and choose one operation:
@@ -109,7 +117,15 @@ def temp_id_map(candidates: Sequence[MemoryEntry]) -> dict[str, str]:
 
 
 class ManagerAgent:
-    """Turns (fact, similar memories) into chat messages, and the model's reply into a MemoryOp."""
+    """Turns (fact, similar memories) into chat messages, and the model's reply into a MemoryOp.
+
+    add_text: what an ADD stores, one of ADD_TEXTS (the module's docstring says why "fact" is the default).
+    """
+
+    def __init__(self, add_text: str = "fact") -> None:
+        if add_text not in ADD_TEXTS:
+            raise ValueError(f"add_text: {add_text!r} is not one of {ADD_TEXTS}")
+        self.add_text = add_text
 
     def build_messages(self, fact: Fact, candidates: Sequence[MemoryEntry]) -> list[dict[str, str]]:
         """System + user messages for `fact` against `candidates` (the k most similar memories)."""
@@ -136,10 +152,12 @@ class ManagerAgent:
         and dia_ids (as provenance); UPDATE / DELETE target the real id of the chosen candidate.
         """
         try:
-            kind, op_text, target_id = _read_operation(text, temp_id_map(candidates))
+            kind, op_text, target_id = _read_operation(text, temp_id_map(candidates), read_add_text=self.add_text == "model")
             format_error = None
         except _FormatError as error:
             kind, op_text, target_id, format_error = OpKind.NOOP, "", None, error.reason
+        if kind is OpKind.ADD and self.add_text == "fact":
+            op_text = fact.text  # as ADD-all stores it
         return MemoryOp(
             kind=kind,
             text=op_text,
@@ -151,8 +169,9 @@ class ManagerAgent:
         )
 
 
-def _read_operation(text: str, ids: dict[str, str]) -> tuple[OpKind, str, str | None]:
-    """(kind, text, real target id) of the first actionable entry; raises _FormatError."""
+def _read_operation(text: str, ids: dict[str, str], read_add_text: bool) -> tuple[OpKind, str, str | None]:
+    """(kind, text, real target id) of the first actionable entry; an ADD's text is "" unless
+    `read_add_text`. Raises _FormatError."""
     if not isinstance(text, str):
         raise _FormatError(WRONG_TYPE)
     try:
@@ -162,7 +181,7 @@ def _read_operation(text: str, ids: dict[str, str]) -> tuple[OpKind, str, str | 
     except ValueError:
         raise _FormatError(NO_JSON) from None
     for entry in _entries(document):
-        kind, op_text, target_id = _read_entry(entry, ids)
+        kind, op_text, target_id = _read_entry(entry, ids, read_add_text)
         if kind is not OpKind.NOOP:
             return kind, op_text, target_id
     return OpKind.NOOP, "", None
@@ -183,14 +202,14 @@ def _entries(document: dict[str, Any]) -> list[Any]:
     return entries
 
 
-def _read_entry(entry: Any, ids: dict[str, str]) -> tuple[OpKind, str, str | None]:
+def _read_entry(entry: Any, ids: dict[str, str], read_add_text: bool) -> tuple[OpKind, str, str | None]:
     if not isinstance(entry, dict):
         raise _FormatError(WRONG_TYPE)
     kind = _event(entry)
     if kind is OpKind.NOOP:
         return kind, "", None
     if kind is OpKind.ADD:
-        return kind, _text(entry), None
+        return kind, _text(entry) if read_add_text else "", None
     target_id = _target(entry, ids)
     if kind is OpKind.DELETE:
         return kind, "", target_id

@@ -70,6 +70,8 @@ class BankRecipe:
             # A trained Manager is named by its weights: copies of one export share banks, an export
             # rewritten in place (a run's policy/best) gets new ones.
             del manager["ckpt"]
+        if manager and manager.get("add_text") == "model":  # the only ADD there was: banks built before the key keep their names
+            del manager["add_text"]
         body = json.dumps(recipe, sort_keys=True, default=str)
         policy = "manager" if self.uses_manager else "add_all"
         return f"{self.data}-{self.source}-{policy}-{hashlib.sha256(body.encode()).hexdigest()[:10]}"
@@ -92,6 +94,7 @@ def bank_recipe(cfg: Any) -> BankRecipe:
             "weights": None if manager.ckpt is None else weights_digest(manager.ckpt),
             "num_candidates": int(manager.num_candidates),
             "max_new_tokens": int(manager.max_new_tokens),
+            "add_text": str(manager.add_text),
         }
     embedder = cfg.banks.embedder
     return BankRecipe(str(cfg.data.kind), str(cfg.data.path), source, policy, writer, None if embedder is None else str(embedder))

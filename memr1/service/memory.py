@@ -58,6 +58,7 @@ class Memory:
         manager: TextModel | None = None,
         answerer: TextModel | None = None,
         num_candidates: int = 5,
+        add_text: str = "fact",
         k: int = 30,
         distill: bool = True,
         max_answer_words: int = 6,
@@ -69,7 +70,7 @@ class Memory:
         self.embedder = embedder or Embedder()
         self.extractor, self.manager, self.answerer = extractor, manager, answerer
         self.num_candidates, self.k, self.max_new_tokens = num_candidates, k, max_new_tokens
-        self.manager_agent = ManagerAgent()
+        self.manager_agent = ManagerAgent(add_text)  # what the Manager's ADD stores (memr1.agents.manager)
         self.answer_agent = AnswerAgent(distill=distill, max_answer_words=max_answer_words)
         self.fact_extractor = FactExtractor()
         self.store = ScopedStore.open(self.uri, self.embedder.dim)
