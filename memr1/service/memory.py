@@ -32,6 +32,7 @@ from typing import Any
 from memr1.agents.answer import AnswerAgent
 from memr1.agents.extractor import FactExtractor
 from memr1.agents.manager import ManagerAgent
+from memr1.banks.policies import add_op
 from memr1.embed import Embedder
 from memr1.memory.errors import MemoryBankError
 from memr1.memory.records import MAX_TEXT_BYTES, check_op
@@ -145,7 +146,7 @@ class Memory:
         with self._lock(scope):
             for fact in facts:
                 vector = self._embed(fact.text)
-                op, candidates = self._decide(scope, fact, vector) if infer else (self._add_op(fact), [])
+                op, candidates = self._decide(scope, fact, vector) if infer else (add_op(fact), [])
                 if op.kind is OpKind.NOOP:
                     continue
                 try:
@@ -342,15 +343,11 @@ class Memory:
         facts = [fact for turn, reply in zip(users, replies) for fact in self.fact_extractor.parse(reply, turn)]
         return [Fact(f.text, f.speaker, f.dia_ids, 0, stamp) for f in facts]
 
-    @staticmethod
-    def _add_op(fact: Fact) -> MemoryOp:
-        return MemoryOp(OpKind.ADD, text=fact.text, speaker=fact.speaker, timestamp=fact.date_time, provenance=fact.dia_ids)
-
     def _decide(self, scope: str, fact: Fact, vector: Any) -> tuple[MemoryOp, list[ScopedMemory]]:
         """The Manager's op for `fact` given the scope's memories most similar to it (`vector`), and
         those candidates (ADD, none, when no Manager is configured)."""
         if self.manager is None:
-            return self._add_op(fact), []
+            return add_op(fact), []
         candidates = self.store.search(scope, vector, self.num_candidates)
         entries = [self._entry(memory) for memory in candidates]
         reply = self.manager.complete([self.manager_agent.build_messages(fact, entries)], 128)[0]
