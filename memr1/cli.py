@@ -260,7 +260,7 @@ def _run_agents(args: argparse.Namespace) -> int:
         return 0
     table = Table(title="shipped agents (use as ckpt=trained:NAME, --answer trained:NAME, ...)")
     for column in ("name", "agent", "warm start", "split", "F1", "ΔF1 vs its start [95%]"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # a name cut to "trained:answer…" names no agent
     for entry in cards:
         evaluation = entry["evaluation"]
         versus = evaluation.get("versus")
