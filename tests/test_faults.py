@@ -148,7 +148,7 @@ def test_sigkill_anywhere_then_resume_ends_where_the_unbroken_run_ends(backbone,
             break
         fault = kills[position] if position < len(kills) else random_fault(rng, done)
         status = run(resume_command(backbone, run_dir, banks, judge), log, fault=fault)
-        assert status == -signal.SIGKILL, f"{fault}: the run was meant to be killed there; it exited {status}"
+        assert status == -signal.SIGKILL, f"{fault}: meant to be killed there, it exited {status}:\n{log.read_text()[-3000:]}"
         point, number = fault.split(":")
         assert f"memr1 fault: SIGKILL at {point} #{number}" in log.read_text()
         hit.append(fault)
@@ -172,7 +172,7 @@ def test_a_ppo_run_killed_mid_update_resumes_to_the_unbroken_one(backbone, judge
     run_dir, banks, log = tmp_path / "run", tmp_path / "banks", tmp_path / "log.txt"
     for fault in ("micro_batch:5",):
         status = run(resume_command(backbone, run_dir, banks, judge, "ppo", four), log, fault=fault)
-        assert status == -signal.SIGKILL, f"{fault}: the run was meant to be killed there; it exited {status}"
+        assert status == -signal.SIGKILL, f"{fault}: meant to be killed there, it exited {status}:\n{log.read_text()[-3000:]}"
     assert run(resume_command(backbone, run_dir, banks, judge, "ppo", four), log) == 0, log.read_text()[-3000:]
     assert_same_run(run_dir, expected / "run")
 

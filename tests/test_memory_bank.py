@@ -30,6 +30,7 @@ from memr1.memory import (
 )
 from memr1.memory.expr import field_equals, string_literal
 from memr1.memory.index import Hit, VectorIndex, merge_hits, top_k
+from memr1.memory.store import lite_index_files
 from memr1.types import MemoryEntry, MemoryOp, OpKind
 
 REPO = Path(__file__).resolve().parents[1]
@@ -352,6 +353,28 @@ def test_state_survives_close_and_reopen(tmp_path: Path, embedder: Embedder) -> 
         assert reopened.apply(add("Evan bought a new car", "Evan")).id == f"m{step + 1}"
         with pytest.raises(MemoryBankError, match="already open"):
             MemoryBank.open(path, "conv_30", embedder)
+
+
+@pytest.mark.parametrize("torn_bytes", [0, 100])
+def test_a_torn_milvus_lite_index_file_is_rebuilt_from_the_data(
+    tmp_path: Path, embedder: Embedder, torn_bytes: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Milvus Lite writes a segment's index file in place, from a background thread, after a flush: a
+    process killed then (the fault tests' SIGKILL right after a bank write) leaves it empty or short,
+    and the next open failed to load the collection ("No data left in file")."""
+    path = tmp_path / "banks.db"
+    with MemoryBank.open(path, "conv_30", embedder) as bank:
+        build_base(bank)
+        entries, results = snapshot(bank), all_results(bank, {})
+    index_files = lite_index_files(str(path), "conv_30")
+    assert index_files, "no Milvus Lite index file found: has its directory layout changed?"
+    for index_file in index_files:
+        whole = index_file.read_bytes()
+        index_file.write_bytes(whole[:torn_bytes])
+    with MemoryBank.open(path, "conv_30", embedder) as reopened:
+        assert (snapshot(reopened), all_results(reopened, {})) == (entries, results)
+    assert "collection 'conv_30' did not load" in caplog.text and str(index_files[0]) in caplog.text
+    assert all(index_file.stat().st_size > torn_bytes for index_file in lite_index_files(str(path), "conv_30"))
 
 
 def test_a_bank_in_memory_behaves_like_a_milvus_bank_and_keeps_nothing(tmp_path: Path, embedder: Embedder) -> None:

@@ -34,6 +34,8 @@ from memr1.memory.records import (
 )
 from memr1.types import MemoryEntry
 
+log = logging.getLogger(__name__)
+
 FIELDS = (
     "id", "vector", "text", "speaker", "timestamp", "provenance", "created_step", "updated_step", "deleted", "history"
 )
@@ -42,6 +44,9 @@ READ_BATCH = 2_000
 _COLLECTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 # Milvus Lite 3.x keeps an flock on this file inside the .db directory while a process has it open.
 _LITE_LOCK_FILE = "LOCK"
+# Milvus Lite 3.x's per-segment index files (`<segment>.<field>.<type>.idx`, scalar ones `.sidx`):
+# derived from the segment's data, rebuilt by a load that finds none.
+_LITE_INDEX_FILES = ("collections/{collection}/partitions/*/indexes/*.idx", "collections/{collection}/partitions/*/indexes/*.sidx")
 # JSON fields hold their list under this key: Milvus 2.3 servers accept only objects at the top level.
 JSON_ITEMS = "items"
 
@@ -196,12 +201,39 @@ def open_collection(
         stored_dim = int(described["vector"]["params"]["dim"])
         if stored_dim != dim:
             raise MemoryBankError(f"{where}: vectors have dim {stored_dim}, the embedder gives {dim}")
-        client.load_collection(collection)
+        load_collection(client, uri, collection)
     except BaseException:
         client.close()
         release(uri)
         raise
     return client
+
+
+def load_collection(client: MilvusClient, uri: str, collection: str) -> None:
+    """Load `collection`; on a Milvus Lite path whose load fails, rebuild its index files from the data
+    and load again. Milvus Lite writes an index file in place from a background thread after each
+    flush, so a process killed then (say, right after a bank write) leaves one empty or short, and every
+    later load fails on it ("No data left in file"); the data and manifest it indexes are written
+    atomically, so deleting the index files loses nothing."""
+    try:
+        client.load_collection(collection)
+    except MilvusException as error:
+        index_files = lite_index_files(uri, collection) if is_lite_uri(uri) else []
+        if not index_files:
+            raise
+        log.warning(
+            "%s: collection %r did not load (%s); rebuilding its %d index file(s) from the data (a process "
+            "killed while Milvus Lite was writing one leaves it torn): %s",
+            uri, collection, error.message, len(index_files), ", ".join(str(path) for path in index_files),
+        )
+        for path in index_files:
+            path.unlink()
+        client.load_collection(collection)
+
+
+def lite_index_files(uri: str, collection: str) -> list[Path]:
+    """The index files of `collection` in the Milvus Lite directory `uri` (none for another layout)."""
+    return sorted(path for pattern in _LITE_INDEX_FILES for path in Path(uri).glob(pattern.format(collection=collection)))
 
 
 def quiet_query_iterator(client: MilvusClient, collection: str, expression: str, fields: list[str]) -> Iterator[list[dict]]:
