@@ -18,7 +18,8 @@ Inputs:
   `--train` run, each `versus` a pair (the first one is `--base` / `--trained`), and the commands are
   the stages' own. Unfinished stages are left out and named; options given as well add to it.
 
-Outputs: `--json` (everything), `--markdown-out` (tables only, to paste into docs/cpu_lift.md) and
+Outputs: `--json` (everything), `--markdown-out` (tables only, to paste into docs/cpu_lift.md: first
+every row against its starting point, then the scores, each pair by category, lengths, samples) and
 `--figure` (one panel per training run: reward/mean and the probe reward by step on the left axis,
 val/f1 or val/reward on the right). Scores are 0-100 as in report.json; the samples' token F1 is
 rescaled to 0-100 too.
@@ -416,6 +417,29 @@ def scores_table(rows: Sequence[dict]) -> str:
     return markdown_table(header, ["---", "---:", *["---:"] * (len(SCORES) + len(DISTILL_COLUMNS) + 3), "---", *["---:"] * 3], body)
 
 
+# A comparison's verdict (B is the row, A its starting point) as the closing table words it.
+VERDICT_AGAINST_START = {"B better": "better", "A better": "worse", "within noise": "within noise"}
+
+
+def closing_table(rows: Sequence[dict], comparisons: Sequence[dict]) -> str:
+    """One line a row: its scores and, where it has a starting point, the paired F1 difference from
+    it with the 95% interval and how many answers changed."""
+    against = {pair["b"]: pair for pair in comparisons}
+    header = ["Run", *(title for _, title in SCORES), "Against", "ΔF1 [95% CI]", "Answers changed"]
+    body = []
+    for row in rows:
+        pair = against.get(row["label"])
+        f1 = pair["overall"]["f1"] if pair else None
+        body.append([
+            cell(row["label"]),
+            *(number(row[key]) for key, _ in SCORES),
+            cell(pair["a"]) if pair else "",
+            f"{f1['delta']:+.2f} [{f1['low']:+.2f}, {f1['high']:+.2f}] ({VERDICT_AGAINST_START[f1['verdict']]})" if f1 else "",
+            f"{pair['changed']} of {pair['common']}" if pair else "",
+        ])
+    return markdown_table(header, ["---", *["---:"] * len(SCORES), "---", "---", "---:"], body)
+
+
 def category_table(rows: Sequence[dict]) -> str:
     categories = sorted({int(c) for row in rows for c in row["per_category"]})
     names = {}
@@ -493,6 +517,7 @@ def training_table(runs: Sequence[dict]) -> str:
 def markdown(report: dict) -> str:
     base, trained = report["comparison"]["base"], report["comparison"]["trained"]
     sections = [
+        ("Every row against its starting point (paired, 95% bootstrap interval)", closing_table(report["eval"], report["comparisons"])),
         ("Scores (0-100)", scores_table(report["eval"])),
         *((f"{pair['b']} against {pair['a']} (paired, 95% bootstrap interval)", pair["markdown"]) for pair in report["comparisons"]),
         ("F1 by category", category_table(report["eval"])),

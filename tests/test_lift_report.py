@@ -88,6 +88,11 @@ def test_the_report_of_a_fixture_run(tmp_path, monkeypatch):
     assert summary["zero_std_group_pct"] == {"first_quarter": 50.0, "last_quarter": 0.0}
     markdown = (out / "lift.md").read_text()
     assert "### SFT -> GRPO against SFT (paired, 95% bootstrap interval)" in markdown and "### Training" in markdown
+    # The closing table: each row's scores and, for a row with a starting point, its paired ΔF1 from it.
+    assert "| SFT | 33.33 | 33.33 | 0.00 |  |  |  |" in markdown
+    # Resampling 3 differences (100, 0, 66.67): all three 0 or all three 100 each have chance 1/27 > 2.5%,
+    # so the interval is [0, 100] and the row is within noise of its start.
+    assert "| SFT -> GRPO | 88.89 | 88.89 | 0.00 | SFT | +55.56 [+0.00, +100.00] (within noise) | 2 of 3 |" in markdown
     assert "| Memory listed % | Distill R | Distill P |" in markdown and "| 66.7 | 50.0 | – |" in markdown
     assert "| 75/0/0/25 → 100/0/0/0 |" in markdown
     # What wrote the banks, as shares of the facts: none known for the first report.
