@@ -162,3 +162,38 @@ def test_a_run_resumed_across_sessions_counts_only_the_time_its_processes_ran(tm
         "[2026-12-02 11:00:30,000][memr1.step][INFO] - step 2/4\n"
     )
     assert lift_report.log_wall_time_s(log) == 120.0
+
+
+def test_the_tables_go_between_the_marker_lines_of_a_page_and_nowhere_else(tmp_path, monkeypatch):
+    """docs/cpu_lift.md holds prose around the generated tables: a rerun replaces only what lies
+    between the two marker lines, and a page without them is refused before anything is written."""
+    base = evaluation(tmp_path / "base", {"q1": "Porto", "q2": "a dog", "q3": ""}, 33.33)
+    trained = evaluation(tmp_path / "trained", {"q1": "Lisbon", "q2": "a dog", "q3": "May"}, 88.89)
+    run = training(tmp_path / "grpo")
+    spec = importlib.util.spec_from_file_location("lift_report", SCRIPT)
+    lift_report = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "lift_report", lift_report)
+    spec.loader.exec_module(lift_report)
+
+    def report_into(page: Path) -> None:
+        monkeypatch.setattr(sys, "argv", [
+            str(SCRIPT), "--eval", f"SFT={base}", "--eval", f"SFT -> GRPO={trained}", "--train", f"GRPO={run}",
+            "--base", "SFT", "--trained", "SFT -> GRPO", "--samples", "3", "--json", str(page.with_suffix(".json")),
+            "--markdown-out", str(page), "--figure", str(page.with_suffix(".png")),
+        ])
+        lift_report.main()
+
+    page = tmp_path / "lift.md"
+    page.write_text(f"# The lift\n\nProse before.\n\n{lift_report.TABLES_BEGIN}\nstale tables\n{lift_report.TABLES_END}\n\nProse after.\n")
+    report_into(page)
+    first = page.read_text()
+    assert first.startswith("# The lift\n\nProse before.\n\n" + lift_report.TABLES_BEGIN + "\n\n### Every row against its starting point")
+    assert first.endswith(lift_report.TABLES_END + "\n\nProse after.\n") and "stale tables" not in first
+    report_into(page)
+    assert page.read_text() == first  # a rerun on the same runs changes nothing
+
+    prose = tmp_path / "prose.md"
+    prose.write_text("# Only prose\n")
+    with pytest.raises(SystemExit, match="no .* line before a .* line"):
+        report_into(prose)
+    assert prose.read_text() == "# Only prose\n" and not prose.with_suffix(".json").exists()
