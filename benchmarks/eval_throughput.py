@@ -109,7 +109,8 @@ def open_built_banks(
     start = time.perf_counter()
 
     def open_or_build() -> dict[str, MemoryBank]:
-        return open_or_build_banks(bank_recipe(cfg), conversations, embedder, stack, policy=AddAllPolicy(), items=items, banks_dir=cfg.banks.dir)
+        # ADD-all's banks of the dataset's facts: no model writes them, so no precision names them.
+        return open_or_build_banks(bank_recipe(cfg, precision="fp32"), conversations, embedder, stack, policy=AddAllPolicy(), items=items, banks_dir=cfg.banks.dir)
 
     try:
         banks = open_or_build()

@@ -120,9 +120,10 @@ class RLStatesDataModule(LightningDataModule):
         if cfg.data.kind != "locomo":
             raise ValueError(f"data={cfg.data.kind}: RL states come from LoCoMo's conversations; use data=locomo")
         loader, banks = cfg.data_loader, banks_config(cfg)
-        recipe = bank_recipe(cfg)
+        precision = run_precision(cfg)
+        recipe = bank_recipe(cfg, precision=precision.name)
         manager = manager_config(cfg)
-        models = ModelCache(cfg.backbone, "hf", manager.batch_size, run_precision(cfg))  # loaded only if a bank needs building
+        models = ModelCache(cfg.backbone, "hf", manager.batch_size, precision)  # loaded only if a bank needs building
 
         return cls(
             locomo={

@@ -59,38 +59,43 @@ def test_training_validation_and_evaluation_read_one_answer_agent(backbone, tmp_
 
 
 def test_identical_bank_recipes_share_one_name_and_different_ones_do_not(tmp_path):
-    train = bank_recipe(composed("train", "model=answer"))
-    evaluation = bank_recipe(composed("evaluate"))
+    train = bank_recipe(composed("train", "model=answer"), precision="fp32")
+    evaluation = bank_recipe(composed("evaluate"), precision="fp32")
     assert train == evaluation and train.signature() == evaluation.signature()
     assert train.signature().startswith("locomo-observation-add_all-")
-    prompted = bank_recipe(composed("evaluate", "banks=manager"))
+    prompted = bank_recipe(composed("evaluate", "banks=manager"), precision="fp32")
     export = save_tiny_checkpoint(tmp_path / "export", load_tokenizer("embedded:smollm2-135m-instruct"))
-    trained = bank_recipe(composed("evaluate", "banks=manager", f"manager.ckpt={export}"))
-    raw = bank_recipe(composed("evaluate", "banks=manager", "memory=raw_turns"))
+    trained = bank_recipe(composed("evaluate", "banks=manager", f"manager.ckpt={export}"), precision="fp32")
+    raw = bank_recipe(composed("evaluate", "banks=manager", "memory=raw_turns"), precision="fp32")
     assert len({train.signature(), prompted.signature(), trained.signature()}) == 3
     assert prompted.writer["manager"]["ckpt"] is None and trained.writer["manager"]["ckpt"] == str(export)
     # A trained Manager is named by its weights: a copy elsewhere shares its banks, the same export
     # rewritten in place (a run's policy/best, later in training) does not.
     copy = Path(shutil.copytree(export, tmp_path / "copy"))
-    assert bank_recipe(composed("evaluate", "banks=manager", f"manager.ckpt={copy}")).signature() == trained.signature()
+    assert bank_recipe(composed("evaluate", "banks=manager", f"manager.ckpt={copy}"), precision="fp32").signature() == trained.signature()
     save_tiny_checkpoint(export, load_tokenizer("embedded:smollm2-135m-instruct"), seed=1)
-    assert bank_recipe(composed("evaluate", "banks=manager", f"manager.ckpt={export}")).signature() != trained.signature()
+    assert bank_recipe(composed("evaluate", "banks=manager", f"manager.ckpt={export}"), precision="fp32").signature() != trained.signature()
     # Raw turns are ADDed whoever the policy is: no model writes them, so the Manager is not in the name.
     assert not raw.uses_manager and raw.signature().startswith("locomo-raw_turns-add_all-")
-    assert raw == bank_recipe(composed("evaluate", "memory=raw_turns"))
+    assert raw == bank_recipe(composed("evaluate", "memory=raw_turns"), precision="fp32")
     # The Answer Agent's settings do not change the banks.
-    assert bank_recipe(composed("evaluate", "answer.k_per_speaker=3")).signature() == evaluation.signature()
+    assert bank_recipe(composed("evaluate", "answer.k_per_speaker=3"), precision="fp32").signature() == evaluation.signature()
     # Another embedder writes other vectors: other banks. The default keeps the name banks had before
     # `banks.embedder` existed (the digest of the same recipe without the key), so no built bank is lost.
-    tiny = bank_recipe(composed("evaluate", f"banks.embedder={tmp_path}"))
+    tiny = bank_recipe(composed("evaluate", f"banks.embedder={tmp_path}"), precision="fp32")
     assert tiny.embedder == str(tmp_path) and tiny.signature() != evaluation.signature()
     assert evaluation.signature() == "locomo-observation-add_all-8939cd1fe6"
     # What an ADD stores changes the banks; an ADD of the model's text keeps the name such banks had
     # before `manager.add_text` existed.
-    model_text = bank_recipe(composed("evaluate", "banks=manager", f"manager.ckpt={copy}", "manager.add_text=model"))
+    model_text = bank_recipe(composed("evaluate", "banks=manager", f"manager.ckpt={copy}", "manager.add_text=model"), precision="fp32")
     assert trained.writer["manager"]["add_text"] == "fact" and model_text.signature() != trained.signature()
     before_the_key = {"manager": {key: value for key, value in model_text.writer["manager"].items() if key != "add_text"}}
     assert model_text.signature() == dataclasses.replace(model_text, writer=before_the_key).signature()
+    # A Manager decides in its run's precision, and greedy decisions can differ between fp32 and bf16:
+    # its banks in one are not the other's. ADD-all's banks of the dataset's facts are the same in both.
+    in_bf16 = bank_recipe(composed("evaluate", "banks=manager", f"manager.ckpt={copy}"), precision="bf16")
+    assert in_bf16.writer["manager"]["precision"] == "bf16" and in_bf16.signature() != trained.signature()
+    assert bank_recipe(composed("evaluate"), precision="bf16").signature() == evaluation.signature()
 
 
 def test_an_export_that_training_never_moved_shares_its_warm_starts_banks(backbone, tmp_path):
@@ -106,7 +111,7 @@ def test_an_export_that_training_never_moved_shares_its_warm_starts_banks(backbo
         assert torch.equal(tensor, warm_start[name]), name
 
     def signature(ckpt: Path) -> str:
-        return bank_recipe(composed("evaluate", "banks=manager", f"backbone.name_or_path={backbone}", f"manager.ckpt={ckpt}")).signature()
+        return bank_recipe(composed("evaluate", "banks=manager", f"backbone.name_or_path={backbone}", f"manager.ckpt={ckpt}"), precision="fp32").signature()
 
     assert signature(unmoved) == signature(sft) != signature(moved)
     # One lora_B entry off zero and the adapter changes the weights: its own banks again.

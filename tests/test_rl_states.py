@@ -319,7 +319,7 @@ def test_data_module_exposes_counts_mapping_and_validation_answer_states(
 def test_from_config_reads_the_training_config(tmp_path: Path) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         manager_cfg = compose("train", overrides=["model=manager", f"banks.dir={tmp_path}"])
-        answer_cfg = compose("train", overrides=["model=answer", "banks=manager", f"banks.dir={tmp_path}"])
+        answer_cfg = compose("train", overrides=["model=answer", "banks=manager", f"banks.dir={tmp_path}", "precision=fp32"])
     manager = RLStatesDataModule.from_config(manager_cfg)
     assert (manager.agent, manager.window, manager.num_candidates, manager.k_per_speaker) == ("manager", 50, 5, 30)
     loader = manager_cfg.data_loader
@@ -331,6 +331,7 @@ def test_from_config_reads_the_training_config(tmp_path: Path) -> None:
     answer = RLStatesDataModule.from_config(answer_cfg)
     assert answer.agent == "answer" and isinstance(answer.bank_policy, LazyPolicy)  # the model loads only if needed
     assert answer.recipe.signature().startswith("locomo-observation-manager-")
+    assert answer.recipe.writer["manager"]["precision"] == "fp32"  # the run's, which the Manager decides in
     with pytest.raises(ValueError, match="data=msc: RL states come from LoCoMo"):
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             RLStatesDataModule.from_config(compose("train", overrides=["data=msc"]))

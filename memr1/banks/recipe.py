@@ -77,19 +77,22 @@ class BankRecipe:
         return f"{self.data}-{self.source}-{policy}-{hashlib.sha256(body.encode()).hexdigest()[:10]}"
 
 
-def bank_recipe(cfg: Any) -> BankRecipe:
+def bank_recipe(cfg: Any, *, precision: str) -> BankRecipe:
     """The recipe of a composed `train.yaml` or `evaluate.yaml`: `data`, `memory` (the source), `banks`
-    (the policy), and `manager` / `backbone` when a model writes."""
+    (the policy), and `manager` / `backbone` when a model writes. `precision`: the one the run's models
+    compute in (`run_precision(cfg).name`); it names the banks a model writes, since greedy decisions
+    can differ between fp32 and bf16, and ADD-all's banks of the dataset's facts do not depend on it."""
     source, policy = str(cfg.memory.source), str(cfg.banks.policy)
     if source == "raw_turns":
         policy = "add_all"  # raw turns are ADDed whoever the policy is: the same banks, one name
     writer: dict[str, Any] = {}
     if source == "llm":
-        writer["extractor"] = {"backbone": str(cfg.backbone.name_or_path), **dict(cfg.memory)}
+        writer["extractor"] = {"backbone": str(cfg.backbone.name_or_path), "precision": precision, **dict(cfg.memory)}
     if policy == "manager":
         manager = cfg.manager
         writer["manager"] = {
             "backbone": str(cfg.backbone.name_or_path),
+            "precision": precision,
             "ckpt": None if manager.ckpt is None else str(manager.ckpt),
             "weights": None if manager.ckpt is None else weights_digest(manager.ckpt),
             "num_candidates": int(manager.num_candidates),

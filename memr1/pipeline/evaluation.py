@@ -138,9 +138,9 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     timer = StageTimer()
     answer = answer_config(cfg)
-    recipe = bank_recipe(cfg)
-    banks_cfg = banks_config(cfg)
     precision = run_precision(cfg)
+    recipe = bank_recipe(cfg, precision=precision.name)
+    banks_cfg = banks_config(cfg)
     models = ModelCache(cfg.backbone, cfg.engine, answer.batch_size, precision)
     embedder = Embedder(recipe.embedder)
     facts_cache = facts_cache_file(recipe, banks_cfg.dir)
