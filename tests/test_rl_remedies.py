@@ -206,6 +206,36 @@ def test_frozen_weights_held_in_bf16_compute_what_autocast_computes(tokenizer):
         assert all(param.dtype == torch.float32 for param in model.parameters())
 
 
+def test_frozen_copies_first_made_under_inference_mode_serve_a_training_forward(tokenizer):
+    """Lightning validates under inference mode, so with validation before training the bf16 copies are
+    first made there; the update's forward then saves them for backward, which an inference tensor
+    refuses ("Inference tensors cannot be saved for backward", the lift's first bf16 GRPO step). Made
+    as normal tensors, they serve it, with autocast's gradients bit for bit."""
+    model = apply_lora(tiny_causal_lm(tokenizer, seed=2, init_std=0.02), r=4, dropout=0.0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.05)
+    ids = torch.randint(3, len(tokenizer), (2, 9), generator=torch.Generator().manual_seed(1))
+    batch = RolloutBatch(ids, torch.ones_like(ids), ids[:, 5:], torch.ones(2, 4), torch.zeros(2))
+    bf16 = choose_precision("bf16", "cpu")
+    copies = FrozenLinearCopies(bf16)
+    with torch.inference_mode(), bf16.autocast("cpu"), copies.swapped(model):  # a validation's forward
+        validated, _ = response_logprobs(model, batch)
+
+    def gradients(frozen: FrozenLinearCopies) -> dict[str, torch.Tensor]:
+        model.zero_grad()
+        with bf16.autocast("cpu"), frozen.swapped(model):
+            logprobs, _ = response_logprobs(model, batch)
+            logprobs.sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    trained, plain = gradients(copies), gradients(FrozenLinearCopies(FP32))  # FP32: no copies, autocast's casts
+    assert trained.keys() == plain.keys() and all(torch.equal(trained[n], plain[n]) for n in plain)
+    with torch.no_grad(), bf16.autocast("cpu"), copies.swapped(model):
+        assert torch.equal(response_logprobs(model, batch)[0], validated)
+
+
 def test_the_engine_decodes_with_the_frozen_copies_what_autocast_decodes(tokenizer):
     """The HF engine in bf16 holds its frozen weights once in bf16: the same tokens, log-probs and
     trunk states as autocast's per-call casts; a weight changed in place (merged, reloaded) gets a

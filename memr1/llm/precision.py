@@ -126,7 +126,11 @@ class FrozenLinearCopies:
         cached = self._copies.get(module)
         if cached is not None and cached[0] is master and cached[1] == master._version:
             return cached[2]
-        copy = nn.Parameter(master.detach().to(self.precision.dtype), requires_grad=False)
+        # Made as a normal tensor whatever the caller's mode: Lightning validates under inference mode,
+        # and a copy first made there (validation before training) would be an inference tensor, which
+        # the update's forward may not save for backward.
+        with torch.inference_mode(False), torch.no_grad():
+            copy = nn.Parameter(master.detach().to(self.precision.dtype), requires_grad=False)
         self._copies[module] = (master, master._version, copy)
         return copy
 
