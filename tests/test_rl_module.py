@@ -20,6 +20,8 @@ from memr1.callbacks import ExportPolicy, MetricsCSV, TrainingCurves
 from memr1.envs.answer import AnswerEnv, AnswerState
 from memr1.envs.base import Reward
 from memr1.llm.loading import load_tokenizer
+from memr1.llm.lora import apply_lora
+from memr1.llm.precision import choose_precision
 from memr1.llm.testing import tiny_causal_lm
 from memr1.llm.value import ValueModel
 from memr1.modules.answer import AnswerRLModule
@@ -140,14 +142,17 @@ class AnswerStatesData(LightningDataModule):
         return DataLoader(self.states, batch_size=len(self.states), collate_fn=list)
 
 
-@pytest.mark.parametrize("val_before_train", [True, False])
-def test_val_before_train_puts_the_base_policy_at_step_zero(tokenizer, tmp_path, val_before_train):
+# bf16 with a LoRA policy: its frozen weights compute with bf16 copies, first made in the validation
+# before training (Lightning validates under inference mode), then used by the update.
+@pytest.mark.parametrize("val_before_train, precision", [(True, "fp32"), (False, "fp32"), (True, "bf16")])
+def test_val_before_train_puts_the_base_policy_at_step_zero(tokenizer, tmp_path, val_before_train, precision):
     memories = {"Andrew": [MemoryEntry("m1", "Andrew adopted two dogs, Buddy and Scout", "Andrew", "1 May, 2023")]}
     states = [AnswerState(Question("c/q0", "c", "What are Andrew's dogs called?", "Buddy and Scout", ("D1:1",), 1), memories)]
     algo = AlgoConfig(name="grpo", group_size=2, actor_lr=1e-4, kl_coef=0.0, micro_batch_size=2)
+    policy = tiny_causal_lm(tokenizer, seed=4)
     module = AnswerRLModule(
-        tiny_causal_lm(tokenizer, seed=4), tokenizer, AnswerEnv(AnswerAgent(), reward="f1"), algo, max_new_tokens=4, seed=0,
-        val_sampled_reward=True,
+        policy if precision == "fp32" else apply_lora(policy, r=4, dropout=0.0), tokenizer, AnswerEnv(AnswerAgent(), reward="f1"), algo,
+        max_new_tokens=4, seed=0, val_sampled_reward=True, precision=choose_precision(precision, "cpu"),
     )
     trainer = Trainer(
         accelerator="cpu",
@@ -167,7 +172,7 @@ def test_val_before_train_puts_the_base_policy_at_step_zero(tokenizer, tmp_path,
     assert [step for step, _ in curves["val"]["val/sampled_reward"]] == ([0, 2] if val_before_train else [2])
     assert all(0.0 <= value <= 1.0 for _, value in curves["val"]["val/sampled_reward"])
     assert [step for step, _ in curves["train"]["reward/mean"]] == [1, 2]
-    assert (tmp_path / "policy" / "best" / "config.json").exists()
+    assert (tmp_path / "policy" / "best" / ("config.json" if precision == "fp32" else "adapter_config.json")).exists()  # a LoRA export
 
 
 def test_several_epochs_over_minibatches_report_the_clip_per_epoch(tokenizer):
