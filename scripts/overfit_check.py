@@ -4,8 +4,9 @@ The module, environment and data are train.py's (`memr1.factories.build_module`,
 module of conf/train.yaml), on the embedded SmolLM2-135M-Instruct: the no-distill Answer Agent with an
 F1 reward, G = 8, LoRA on the top 10 layers, actor LR 2e-3, 3 memories per speaker, 32 new tokens.
 The same 4 states (the data module's probe set) make every step's batch, so a rising reward means the
-policy fits them. Prints the sampled reward per step and the greedy reward before and after, and
-exits 1 when the last 3 steps' mean sampled reward is not at least twice the first step's.
+policy fits them. Prints the machine (CPU, speed flags, load) and the precision it trains in (`precision=auto`
+unless overridden: bf16 where the CPU has bf16 units), the sampled reward per step and the greedy reward
+before and after, and exits 1 when the last 3 steps' mean sampled reward is not at least twice the first step's.
 
     .venv/bin/python scripts/overfit_check.py [--steps 15] [--out runs/overfit_check.json]
     .venv/bin/python scripts/overfit_check.py algo.ppo_epochs=2 algo.mini_batch_size=16   # other settings
@@ -25,6 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 OVERRIDES = [
     "model=answer", "answer.distill=false", "model.reward=f1", "answer.k_per_speaker=3",
@@ -54,6 +56,7 @@ def main() -> None:
     from torch.utils.data import DataLoader
 
     from data_modules.rl_states import RLStatesDataModule
+    from machine import machine_info, print_machine  # benchmarks/machine.py: the line every benchmark prints
     from memr1.quiet import quiet_third_party
     from memr1.factories import build_module
     from memr1.modules.outputs import StepOutput
@@ -66,6 +69,9 @@ def main() -> None:
     data.setup("fit")
     states = data.probe_states(4)
     module = build_module(cfg)
+    print_machine()
+    print(f"precision: {module.precision.name}", flush=True)
+    load_before = os.getloadavg()[0]
     before = greedy_reward(module, states)
     print(f"greedy reward before: {before:.3f}", flush=True)
 
@@ -92,7 +98,10 @@ def main() -> None:
     print(f"wall time {time.perf_counter() - started:.0f} s, load average {os.getloadavg()[0]:.2f}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"overrides": [*OVERRIDES, *args.overrides], "wall_s": time.perf_counter() - started, "greedy_before": before, "greedy_after": after, "steps": rows, "doubled": doubled}, indent=2))
+        report = {"overrides": [*OVERRIDES, *args.overrides], "precision": module.precision.name,
+                  "machine": machine_info(load_before, os.getloadavg()[0]), "wall_s": time.perf_counter() - started,
+                  "greedy_before": before, "greedy_after": after, "steps": rows, "doubled": doubled}
+        args.out.write_text(json.dumps(report, indent=2))
     data.teardown("fit")
     sys.exit(0 if doubled else 1)
 
