@@ -3,8 +3,10 @@ at the entry points. Each entry below was printed by every run and needs no acti
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from collections.abc import Iterator
 
 # Lightning warnings that describe this trainer's deliberate choices.
 _LIGHTNING_WARNINGS = (
@@ -20,7 +22,9 @@ _LIGHTNING_WARNINGS = (
 _CHATTY_LOGGERS = ("faiss.loader", "milvus_lite.engine.collection", "milvus_lite.server_manager", "sentence_transformers")
 
 
-class _DropMessages(logging.Filter):
+class DropMessages(logging.Filter):
+    """A logging filter that drops the records whose message contains any of `fragments`."""
+
     def __init__(self, *fragments: str) -> None:
         super().__init__()
         self.fragments = fragments
@@ -28,6 +32,17 @@ class _DropMessages(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return not any(fragment in message for fragment in self.fragments)
+
+
+@contextlib.contextmanager
+def messages_dropped(logger: logging.Logger, *fragments: str) -> Iterator[None]:
+    """`logger` drops its records containing any of `fragments` inside the block only."""
+    dropped = DropMessages(*fragments)
+    logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)
 
 
 def quiet_third_party() -> None:
@@ -42,7 +57,7 @@ def quiet_third_party() -> None:
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
     rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    rank_zero.addFilter(_DropMessages("litlogger", "TPU available", "limit_val_batches"))
+    rank_zero.addFilter(DropMessages("litlogger", "TPU available", "limit_val_batches"))
     try:
         from transformers.utils import logging as hf_logging
 

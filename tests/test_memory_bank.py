@@ -7,6 +7,7 @@ once per session, as much again for the SIGKILL test's child process (it imports
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import random
 import signal
@@ -374,6 +375,8 @@ def test_a_torn_milvus_lite_index_file_is_rebuilt_from_the_data(
     with MemoryBank.open(path, "conv_30", embedder) as reopened:
         assert (snapshot(reopened), all_results(reopened, {})) == (entries, results)
     assert "collection 'conv_30' did not load" in caplog.text and str(index_files[0]) in caplog.text
+    # The repair's warning is the one record: not pymilvus' ERROR and traceback for the first load.
+    assert [record.name for record in caplog.records if record.levelno >= logging.ERROR] == []
     assert all(index_file.stat().st_size > torn_bytes for index_file in lite_index_files(str(path), "conv_30"))
 
 

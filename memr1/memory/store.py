@@ -32,6 +32,7 @@ from memr1.memory.records import (
     Revision,
     StoredMemory,
 )
+from memr1.quiet import DropMessages, messages_dropped
 from memr1.types import MemoryEntry
 
 log = logging.getLogger(__name__)
@@ -55,22 +56,8 @@ JSON_ITEMS = "items"
 _lite_users: dict[str, int] = {}
 
 _ITERATOR_LOG = logging.getLogger("pymilvus.client.iterator.query_iterator")
-
-
-class _LiteSessionTsFilter(logging.Filter):
-    """Drops pymilvus' warning that the server gave no session timestamp: Milvus Lite and 2.3 servers
-    never give one and their reads see every acknowledged write anyway; it would repeat on every open."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "failed to get mvccTs" not in record.getMessage()
-
-
-class _LiteUnimplementedFilter(logging.Filter):
-    """Drops the traceback that Milvus Lite's in-process gRPC server logs when pymilvus probes a method
-    it lacks (AllocTimestamp): the client falls back, so the ERROR line would only alarm users."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Method not implemented" not in record.getMessage()
+_RPC_ERROR_LOG = logging.getLogger("pymilvus.decorators")
+_LITE_SERVICER_LOG = logging.getLogger("milvus_lite.adapter.grpc.servicer")  # Milvus Lite's in-process server
 
 
 class _LiteLockedFilter(logging.Filter):
@@ -82,7 +69,9 @@ class _LiteLockedFilter(logging.Filter):
         return not (record.exc_info and type(record.exc_info[1]).__name__ == "DataDirLockedError")
 
 
-logging.getLogger("grpc._server").addFilter(_LiteUnimplementedFilter())
+# Milvus Lite's in-process gRPC server logs a traceback when pymilvus probes a method it lacks
+# (AllocTimestamp): the client falls back, so the ERROR line would only alarm users.
+logging.getLogger("grpc._server").addFilter(DropMessages("Method not implemented"))
 logging.getLogger("milvus_lite.server_manager").addFilter(_LiteLockedFilter())
 
 
@@ -216,7 +205,10 @@ def load_collection(client: MilvusClient, uri: str, collection: str) -> None:
     later load fails on it ("No data left in file"); the data and manifest it indexes are written
     atomically, so deleting the index files loses nothing."""
     try:
-        client.load_collection(collection)
+        # pymilvus and Milvus Lite's server each log a failed load as an ERROR with its traceback; here it
+        # is either repaired, with the warning below that says why, or raised to the caller, message and all.
+        with messages_dropped(_RPC_ERROR_LOG, "[load_collection]"), messages_dropped(_LITE_SERVICER_LOG, "LoadCollection failed"):
+            client.load_collection(collection)
     except MilvusException as error:
         index_files = lite_index_files(uri, collection) if is_lite_uri(uri) else []
         if not index_files:
@@ -238,12 +230,10 @@ def lite_index_files(uri: str, collection: str) -> list[Path]:
 
 def quiet_query_iterator(client: MilvusClient, collection: str, expression: str, fields: list[str]) -> Iterator[list[dict]]:
     """The rows matching `expression`, `READ_BATCH` at a time, without pymilvus' session-timestamp warning."""
-    quiet = _LiteSessionTsFilter()  # neither Milvus Lite nor a 2.3 server gives one
-    _ITERATOR_LOG.addFilter(quiet)
-    try:
+    # pymilvus warns that the server gave no session timestamp: Milvus Lite and 2.3 servers never give
+    # one and their reads see every acknowledged write anyway; it would repeat on every open.
+    with messages_dropped(_ITERATOR_LOG, "failed to get mvccTs"):
         iterator = client.query_iterator(collection, batch_size=READ_BATCH, filter=expression, output_fields=fields)
-    finally:
-        _ITERATOR_LOG.removeFilter(quiet)
     try:
         while batch := iterator.next():
             yield batch
