@@ -39,9 +39,9 @@ log = logging.getLogger(__name__)
 
 
 def trainer_kwargs(trainer_cfg: DictConfig) -> dict[str, Any]:
-    """Accelerator, devices, strategy and precision for `trainer.kind` on this machine. `fsdp` is
-    FSDP2 through Lightning's `ModelParallelStrategy` (the module shards its models in
-    `configure_model`), on GPUs or, with `trainer.accelerator=cpu`, on CPU processes (gloo)."""
+    """Accelerator, devices, strategy and Lightning's precision (always 32-true) for `trainer.kind` on
+    this machine. `fsdp` is FSDP2 through Lightning's `ModelParallelStrategy` (the module shards its
+    models in `configure_model`), on GPUs or, with `trainer.accelerator=cpu`, on CPU processes (gloo)."""
     kind, devices = trainer_cfg.kind, trainer_cfg.devices
     has_gpu = torch.cuda.is_available()
     if kind == "auto":
@@ -55,7 +55,6 @@ def trainer_kwargs(trainer_cfg: DictConfig) -> dict[str, Any]:
             f"trainer={trainer_cfg.kind}: no CUDA GPU on this machine. On CPU use trainer=cpu "
             f"(trainer.devices={devices} runs {devices} DDP processes on the CPU){hint} or trainer=auto."
         )
-    precision = trainer_cfg.precision or ("bf16-true" if accelerator == "gpu" else "32-true")
     strategy: Any
     if kind == "fsdp":
         from lightning.pytorch.strategies import ModelParallelStrategy
@@ -71,7 +70,10 @@ def trainer_kwargs(trainer_cfg: DictConfig) -> dict[str, Any]:
         strategy = "ddp" if devices > 1 else "auto"
     else:
         raise ValueError(f"trainer.kind: unknown kind {trainer_cfg.kind!r}; expected auto, cpu, gpu or fsdp")
-    return {"accelerator": accelerator, "devices": devices, "strategy": strategy, "precision": precision, "num_nodes": trainer_cfg.num_nodes}
+    # Lightning keeps the weights in fp32 on GPUs as on CPU: they are the masters an RL step's small
+    # updates land on (a bf16 weight keeps 8 significant bits: an Adam step of actor_lr 1e-6 leaves a
+    # weight of 0.01 unchanged), and the compute runs in bf16 under memr1's own autocast (`precision`).
+    return {"accelerator": accelerator, "devices": devices, "strategy": strategy, "precision": "32-true", "num_nodes": trainer_cfg.num_nodes}
 
 
 def wandb_run_id(run_dir: Path) -> str:

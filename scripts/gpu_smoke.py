@@ -2,9 +2,9 @@
 
     pack SMOKE_DIR          a tiny random policy backbone (SmolLM2's tokenizer), a tiny random sentence
                             embedder (MiniLM's tokenizer) and LoCoMo's train and validation conversations
-    run SMOKE_DIR [--cpu]   train.py with trainer=fsdp on one device: GRPO, then PPO, two steps each over
-                            banks kept in memory; each export reloaded in plain transformers + peft; one
-                            verdict line
+    run SMOKE_DIR [--cpu]   train.py on one device with trainer=fsdp (GRPO, then PPO) and trainer=gpu
+                            (GRPO), two steps each over banks kept in memory; each export reloaded in
+                            plain transformers + peft; one verdict line
 """
 
 from __future__ import annotations
@@ -29,7 +29,15 @@ RUN = (
     "data_loader.limit_val_batches=1", "data_loader.val_batch_size=2", "logging.wandb=false",
     "logging.plots=false",  # matplotlib and its binary wheels would tie the pack to one Python version
 )
-ALGOS = {"grpo": ("algo.group_size=2",), "ppo": ("algo=ppo", "algo.critic_lr=1e-3")}
+GRPO, PPO = ("algo.group_size=2",), ("algo=ppo", "algo.critic_lr=1e-3")
+FSDP = ("trainer=fsdp", "trainer.devices=1")
+# name: (trainer on a GPU, the same on CPU for the rehearsal, the algorithm's settings). trainer=gpu is
+# Lightning's single-device strategy; its rehearsal is trainer=cpu.
+RUNS = {
+    "fsdp-grpo": (FSDP, (*FSDP, "trainer.accelerator=cpu"), GRPO),
+    "fsdp-ppo": (FSDP, (*FSDP, "trainer.accelerator=cpu"), PPO),
+    "gpu-grpo": (("trainer=gpu",), ("trainer=cpu",), GRPO),
+}
 
 
 def pack(smoke: Path) -> None:
@@ -44,16 +52,16 @@ def pack(smoke: Path) -> None:
     (smoke / "locomo.json").write_text(json.dumps(conversations))
 
 
-def train(smoke: Path, work: Path, algo: str, cpu: bool) -> tuple[int, float, Path]:
-    run_dir = work / algo
+def train(smoke: Path, work: Path, name: str, cpu: bool) -> tuple[int, float, Path]:
+    on_gpu, on_cpu, algo = RUNS[name]
+    run_dir = work / name
     command = [
         sys.executable, str(ROOT / "train.py"), f"backbone.name_or_path={smoke / 'tiny-lm'}",
         f"banks.embedder={smoke / 'tiny-embedder'}", f"banks.dir={work / 'banks'}", f"data.path={smoke / 'locomo.json'}",
-        "data.sha256=null", f"run_dir={run_dir}", "trainer=fsdp", "trainer.devices=1",
-        *(["trainer.accelerator=cpu"] if cpu else []), *RUN, *ALGOS[algo],
+        "data.sha256=null", f"run_dir={run_dir}", *(on_cpu if cpu else on_gpu), *RUN, *algo,
     ]
     started = time.monotonic()
-    with (work / f"{algo}.log").open("w") as log:
+    with (work / f"{name}.log").open("w") as log:
         status = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
     return status, time.monotonic() - started, run_dir
 
@@ -89,18 +97,18 @@ def run(smoke: Path, cpu: bool) -> int:
     shutil.rmtree(work, ignore_errors=True)  # every run starts over: a run directory left behind would resume
     work.mkdir(parents=True)
     results = []
-    for algo in ALGOS:
-        status, seconds, run_dir = train(smoke, work, algo, cpu)
+    for name in RUNS:
+        status, seconds, run_dir = train(smoke, work, name, cpu)
         if status != 0:
-            print((work / f"{algo}.log").read_text()[-4000:])
-            print(f"GPU SMOKE FAIL on {device}: {algo} exited {status} after {seconds:.0f} s (log: {work / algo}.log)")
+            print((work / f"{name}.log").read_text()[-4000:])
+            print(f"GPU SMOKE FAIL on {device}: {name} exited {status} after {seconds:.0f} s (log: {work / name}.log)")
             return 1
         moved = export_moved(smoke / "tiny-lm", run_dir / "policy" / "last")
         if moved == 0.0:
-            print(f"GPU SMOKE FAIL on {device}: {algo}'s export reloads but equals the backbone: training moved nothing")
+            print(f"GPU SMOKE FAIL on {device}: {name}'s export reloads but equals the backbone: training moved nothing")
             return 1
-        results.append(f"{algo} {STEPS} steps {seconds:.0f} s (export reloads, logits moved {moved:.2g})")
-    print(f"GPU SMOKE PASS on {device}, trainer=fsdp on 1 device: " + "; ".join(results))
+        results.append(f"{name} {STEPS} steps {seconds:.0f} s (export reloads, logits moved {moved:.2g})")
+    print(f"GPU SMOKE PASS on {device}, one device: " + "; ".join(results))
     return 0
 
 

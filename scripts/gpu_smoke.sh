@@ -10,9 +10,10 @@
 # pack: the wheels of what train.py needs and the image lacks (the versions of this .venv), a tiny random
 #   backbone and embedder (so neither SmolLM2's GGUF nor MiniLM travels), LoCoMo's two conversations of
 #   the train and validation splits.
-# run: the wheels go offline into .gpu_smoke/site beside the image's packages; train.py with trainer=fsdp on one
-#   device trains GRPO and PPO two steps each over banks kept in memory (banks.uri=:memory:, no Milvus);
-#   each export is reloaded in plain transformers + peft; the last line is the verdict (PASS / FAIL).
+# run: the wheels go offline into .gpu_smoke/site beside the image's packages; train.py on one device
+#   trains GRPO and PPO with trainer=fsdp and GRPO with trainer=gpu, two steps each, over banks kept in
+#   memory (banks.uri=:memory:, no Milvus); each export is reloaded in plain transformers + peft; the
+#   last line is the verdict (PASS / FAIL).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SMOKE="${GPU_SMOKE_DIR:-$ROOT/.gpu_smoke}"

@@ -40,7 +40,7 @@ def test_grpo_defaults_follow_the_paper():
 
 
 def test_trainer_kinds_on_a_cpu_machine():
-    auto = trainer_kwargs(OmegaConf.create({"kind": "auto", "devices": 4, "num_nodes": 1, "precision": None}))
+    auto = trainer_kwargs(OmegaConf.create({"kind": "auto", "devices": 4, "num_nodes": 1}))
     assert (auto["accelerator"], auto["devices"], auto["strategy"], auto["precision"]) == (
         "cpu", 4, "ddp_find_unused_parameters_true", "32-true",
     )
@@ -50,6 +50,13 @@ def test_trainer_kinds_on_a_cpu_machine():
     on_cpu = trainer_kwargs(compose_config("train", ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2"]).trainer)
     assert (on_cpu["accelerator"], on_cpu["devices"], on_cpu["precision"]) == ("cpu", 2, "32-true")
     assert type(on_cpu["strategy"]).__name__ == "ModelParallelStrategy"  # FSDP2, the module shards in configure_model
+
+
+@pytest.mark.parametrize("kind", ["auto", "cpu", "gpu", "fsdp"])
+def test_lightning_precision_is_not_a_knob(kind):
+    # The weights stay fp32 masters everywhere; the compute dtype is the top-level `precision` key.
+    with pytest.raises(Exception, match="override 'trainer.precision'"):
+        compose_config("train", [f"trainer={kind}", "trainer.precision=bf16-true"])
 
 
 def test_the_cores_are_shared_among_a_runs_cpu_processes(monkeypatch):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from memr1.factories import build_engine
-from memr1.llm.engines import Generation, HFEngine, encode_prompts
+from memr1.llm.engines import AutocastStaticCache, Generation, HFEngine, encode_prompts
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.padding import left_pad, position_ids_from_attention_mask
 from memr1.llm.sampling import SamplingConfig, choose_tokens, cut_at_first_stop, nucleus_filter
@@ -262,6 +262,20 @@ def test_a_finished_row_leaves_the_batch_and_the_others_decode_as_before(model, 
     for alone, batched in zip(full[1:], ended[1:], strict=True):
         assert batched.response_ids == alone.response_ids
         assert batched.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+
+
+def test_the_kv_cache_takes_what_bf16_autocast_hands_it(model):
+    # Under bf16 autocast the keys leave the rotary embedding in fp32 and the values leave v_proj in
+    # bf16. Layer 0 is allocated as transformers 5.17 (the GPU image's) allocates it, values in the
+    # keys' dtype; layer 1 as the installed release allocates it.
+    cache = AutocastStaticCache(config=model.config, max_cache_len=8)
+    keys = torch.randn(1, model.config.num_key_value_heads, 3, model.config.head_dim)
+    values = torch.randn_like(keys).to(torch.bfloat16)
+    cache.layers[0].lazy_initialization(keys, keys)
+    for layer in (0, 1):
+        held_keys, held_values = cache.update(keys, values, layer)
+        assert torch.equal(held_keys[:, :, :3], keys) and torch.equal(held_values[:, :, :3].float(), values.float())
+    assert cache.layers[0].values.dtype == torch.float32
 
 
 def test_default_eos_is_the_tokenizer_eos(model, tokenizer):

@@ -131,6 +131,23 @@ def default_eos_token_ids(
     return frozenset(ids)
 
 
+class AutocastStaticCache(StaticCache):
+    """transformers' preallocated KV cache, fed as bf16 autocast feeds it: the keys leave the rotary
+    embedding in fp32 (a bf16 projection times fp32 cos / sin), the values leave `v_proj` in bf16.
+    transformers 5.17 (the GPU image's) allocates a layer's values in its keys' dtype, and the in-place
+    copy then refuses bf16 values; later releases allocate each in its own. Values are handed over in
+    the dtype their layer holds: the same numbers either way (bf16 -> fp32 is exact, and the attention
+    casts back under autocast), and a no-op outside autocast."""
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = self.layers[layer_idx]
+        if not layer.is_initialized:
+            layer.lazy_initialization(key_states, value_states)
+        return super().update(key_states, value_states.to(layer.values.dtype), layer_idx, *args, **kwargs)
+
+
 class HFEngine:
     """Batched sampling from a Hugging Face causal LM with a KV cache, on whatever device it sits.
 
@@ -359,7 +376,7 @@ class HFEngine:
         of itself at every decoded token (torch.cat per layer). Models whose config a static cache
         cannot take (or transformers releases without these keywords) decode with the growing one."""
         try:
-            return StaticCache(config=self.model.config, max_cache_len=max_length)
+            return AutocastStaticCache(config=self.model.config, max_cache_len=max_length)
         except (TypeError, ValueError) as error:
             if not self._warned_dynamic_cache:
                 log.warning("HFEngine: no preallocated KV cache for this model (%s); using a growing one", error)
