@@ -12,8 +12,8 @@
 #   the train and validation splits.
 # run: the wheels go offline into .gpu_smoke/site beside the image's packages; train.py on one device
 #   trains GRPO and PPO with trainer=fsdp and GRPO with trainer=gpu, two steps each, over banks kept in
-#   memory (banks.uri=:memory:, no Milvus); each export is reloaded in plain transformers + peft; the
-#   last line is the verdict (PASS / FAIL).
+#   memory (banks.uri=:memory:, no Milvus); each export is reloaded in plain transformers + peft;
+#   evaluate.py scores the first on 8 questions; the last line is the verdict (PASS / FAIL).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SMOKE="${GPU_SMOKE_DIR:-$ROOT/.gpu_smoke}"
