@@ -36,7 +36,10 @@ class LoggedProgress(Progress):
             return
         task = self._tasks[task_id]
         now = time.monotonic()
-        if task.finished or now - self._last_logged.get(task_id, 0.0) >= self.every_s:
+        # A task's first advance always logs: the monotonic clock has no fixed origin (on a machine up
+        # for less than every_s it is below every_s), so "never logged" is not "logged at time 0".
+        last = self._last_logged.get(task_id)
+        if task.finished or last is None or now - last >= self.every_s:
             self._last_logged[task_id] = now
             log.info("%s: %d/%s (%.0f s)", task.description, task.completed, int(task.total or 0), task.elapsed or 0.0)
 

@@ -60,6 +60,25 @@ def test_greedy_replies_fit_and_a_cut_reply_says_length(engine, grammars):
     assert greedy.constraint is None  # a config without a grammar decodes freely, as before
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_reply_closes_within_its_budget_whenever_a_complete_value_fits(engine, grammars, temperature):
+    # The tiny random model left to the grammar alone opens strings and objects until its budget runs
+    # out; with the budget in the mask every reply that has room for "{}" and EOS is a complete value.
+    tokens = lambda text: len(engine.tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    smallest = tokens("{}") + 1  # and the EOS
+    for budget in range(smallest, 30):
+        sampling = SamplingConfig(max_new_tokens=budget, temperature=temperature, n=2, seed=budget, constraint=grammars.json_object())
+        for reply in engine.generate(["Say something.", "Reply in JSON."], sampling)[0] + engine.generate(["Reply in JSON."], sampling)[0]:
+            assert reply.finish_reason == "stop", (budget, reply.text)
+            assert isinstance(json.loads(reply.text), dict) and len(reply.response_ids) <= budget
+    # The schema's smallest value needs more tokens than these: cut, and what there is fits the grammar.
+    (cut,) = engine.generate(["Say something."], SamplingConfig(max_new_tokens=4, temperature=temperature, seed=1, constraint=grammars.json_schema(SCHEMA)))[0]
+    assert cut.finish_reason == "length" and cut.text.startswith('{"')
+    needed = tokens('{"ok": true, "n": 0, "colour": "red"}') + 4  # room for the value, a few tokens spare
+    (fits,) = engine.generate(["Say something."], SamplingConfig(max_new_tokens=needed, temperature=temperature, seed=1, constraint=grammars.json_schema(SCHEMA)))[0]
+    assert fits.finish_reason == "stop" and set(json.loads(fits.text)) == {"ok", "n", "colour"}, fits.text
+
+
 def test_a_schema_that_cannot_compile_is_named(grammars):
     with pytest.raises(ValueError, match="json_schema: cannot be compiled"):
         grammars.json_schema({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}})

@@ -299,19 +299,19 @@ def test_json_schema_replies_fit_their_schema(service):
 
 
 def test_the_embedded_model_replies_in_json_when_asked(tmp_path):
-    # bf16 pinned, not `auto`: greedy replies differ between precisions, and `auto` is fp32 on a CPU
-    # without bf16 units, where this prompt's reply repeats a date inside its first key until the
-    # 64 tokens run out (finish_reason "length"; measured on an AVX2-only machine). The grammar keeps
-    # every reply a JSON prefix; closing it is the model's doing.
-    process, url = start_server(tmp_path, "embedded:smollm2-135m-instruct", "--answer", "base", "--precision", "bf16")
+    # Whatever the model's free text on this CPU and precision (greedy bf16 replies differ between
+    # AVX2, AVX512-BF16 and AMX), the grammar closes the value within max_tokens: this asserts the
+    # reply's form, never its words.
+    process, url = start_server(tmp_path, "embedded:smollm2-135m-instruct", "--answer", "base")
     try:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        reply = client.chat.completions.create(
-            model="any", messages=[{"role": "user", "content": "Reply in JSON: what city did Ann move to? Ann moved to Lisbon in May."}],
-            max_tokens=64, temperature=0, response_format={"type": "json_object"},
-        )
-        assert reply.choices[0].finish_reason == "stop"
-        assert isinstance(json.loads(reply.choices[0].message.content), dict), reply.choices[0].message.content
+        for max_tokens in (12, 64):
+            reply = client.chat.completions.create(
+                model="any", messages=[{"role": "user", "content": "Reply in JSON: what city did Ann move to? Ann moved to Lisbon in May."}],
+                max_tokens=max_tokens, temperature=0, response_format={"type": "json_object"},
+            )
+            assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens <= max_tokens
+            assert isinstance(json.loads(reply.choices[0].message.content), dict), reply.choices[0].message.content
     finally:
         process.terminate()
         process.wait(timeout=30)

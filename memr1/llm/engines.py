@@ -352,7 +352,7 @@ class HFEngine:
         logits = logits.float()
         if constraints is not None:  # only what each row's grammar allows next (EOS once it is complete)
             for position, row in enumerate(active):
-                constraints[row].mask(logits[position])
+                constraints[row].mask(logits[position], sampling.max_new_tokens - len(responses[row]))
         chosen = choose_tokens(logits, sampling.temperature, sampling.top_p, generator)
         # Log-probs of the distribution sampled from, softmax(logits / T), as the RL losses use
         # them (greedy decoding records the T = 1 policy's).
