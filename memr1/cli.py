@@ -8,10 +8,12 @@ Adding a tool: write `configure(parser)` (its arguments) and `run(args) -> exit 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -129,12 +131,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
 # --- serve ---------------------------------------------------------------------------------------
 
 
-def _configure_serve(parser: argparse.ArgumentParser) -> None:
+def _configure_memory(parser: argparse.ArgumentParser) -> None:
+    """The options of a served `Memory`: where it lives and its agents (`serve` and `mcp`)."""
     model_help = "embedded:NAME, a HF directory, or openai:URL#MODEL; 'none' for no model"
     parser.add_argument("--path", type=Path, default=Path("memories"), help="where the memories live (Milvus Lite, default ./memories); with --uri, only an older per-scope layout found there is moved onto the server")
     parser.add_argument("--uri", help="a Milvus server URI (http://host:port) instead of Milvus Lite: replicas of the service share one")
-    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model", default="embedded:smollm2-135m-instruct", help=f"the backbone of all three agents: {model_help}")
     parser.add_argument("--manager", default="none", help="the Memory Manager: 'none' (ADD every fact), 'base' (the prompted backbone), a shipped agent (trained:NAME), a trained policy/ export dir, or openai:URL#MODEL")
     parser.add_argument("--answer", default="base", help="the Answer Agent: 'base', a shipped agent (trained:NAME), a trained policy/ export dir, openai:URL#MODEL, or 'none'")
@@ -144,9 +145,30 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=30, help="memories shown to the Answer Agent (the paper: 30 per speaker)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="the Answer Agent's reply budget (room to list memories)")
     parser.add_argument("--no-distill", action="store_true", help="answer directly, without listing the memories used")
-    parser.add_argument("--api-key-env", help="name of an environment variable holding the API key clients must send")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                         help="local models' compute dtype (auto: bf16 where the CPU or GPU has bf16 units)")
+
+
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000  # this machine only
+
+
+def _configure_http(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", help=f"interface to listen on (default {DEFAULT_HOST}: this machine only)")
+    parser.add_argument("--port", type=int, help=f"default {DEFAULT_PORT}")
+    parser.add_argument("--api-key-env", help="name of an environment variable holding the API key clients must send")
+
+
+def _configure_serve(parser: argparse.ArgumentParser) -> None:
+    _configure_memory(parser)
+    _configure_http(parser)
+
+
+def _configure_mcp(parser: argparse.ArgumentParser) -> None:
+    _configure_memory(parser)
+    parser.add_argument("--transport", choices=("stdio", "http"), default="stdio",
+                        help="stdio (a desktop agent starts this command) or http (streamable HTTP at /mcp; memr1 serve also serves it)")
+    parser.add_argument("--user-id", help="the user a tool call acts for when it names none (over HTTP, also ?user_id= in the URL)")
+    _configure_http(parser)
 
 
 def _agent_model(choice: str, backbone: str, models: dict, precision: str = "auto") -> Any:
@@ -165,23 +187,22 @@ def _agent_model(choice: str, backbone: str, models: dict, precision: str = "aut
     return text_model(backbone, adapter=choice, models=models, precision=precision)
 
 
-def _run_serve(args: argparse.Namespace) -> int:
-    import os
+def _api_key(args: argparse.Namespace) -> str | None:
+    if not args.api_key_env:
+        return None
+    api_key = os.environ.get(args.api_key_env)
+    if not api_key:
+        raise ValueError(f"--api-key-env {args.api_key_env}: that environment variable is empty")
+    return api_key
 
-    import uvicorn
 
+def _open_memory(args: argparse.Namespace) -> Any:
     from memr1.service.memory import Memory
-    from memr1.service.server import create_app
 
-    api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise ValueError(f"--api-key-env {args.api_key_env}: that environment variable is empty")
     if args.manager_add_text and args.manager == "none":
         raise ValueError("--manager-add-text: there is no Manager (--manager none) and every fact is ADDed as given")
     models: dict = {}
-    memory = Memory(
+    return Memory(
         args.path,
         uri=args.uri,
         extractor=_agent_model(args.extractor, args.model, models, args.precision),
@@ -192,9 +213,57 @@ def _run_serve(args: argparse.Namespace) -> int:
         distill=not args.no_distill,
         max_new_tokens=args.max_new_tokens,
     )
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from memr1.service.server import create_app
+
+    api_key = _api_key(args)
+    memory = _open_memory(args)
     app = create_app(memory, chat_model=memory.answerer or memory.manager, api_key=api_key)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        uvicorn.run(app, host=args.host or DEFAULT_HOST, port=args.port or DEFAULT_PORT, log_level="info")
+    finally:
+        memory.close()
+    return 0
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 points at stderr meanwhile: over stdio, stdout carries the protocol, and what a
+    library prints while the models load (from Python or from C) must not reach the client."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _run_mcp(args: argparse.Namespace) -> int:
+    from memr1.service.mcp import MemoryMCP, mcp_http_app
+
+    if args.transport == "stdio" and (args.api_key_env or args.port is not None or args.host is not None):
+        raise ValueError("--host / --port / --api-key-env: HTTP options; the stdio transport has none")
+    api_key = _api_key(args)
+    if args.transport == "stdio":
+        with _stdout_to_stderr():
+            memory = _open_memory(args)
+    else:
+        memory = _open_memory(args)
+    try:
+        server = MemoryMCP(memory, default_user_id=args.user_id)
+        if args.transport == "stdio":
+            server.run("stdio")  # the SDK points fd 1 at stderr while it serves, the protocol aside
+        else:
+            import uvicorn
+
+            uvicorn.run(mcp_http_app(server, api_key), host=args.host or DEFAULT_HOST, port=args.port or DEFAULT_PORT, log_level="info")
     finally:
         memory.close()
     return 0
@@ -285,6 +354,12 @@ SUBCOMMANDS: list[Subcommand] = [
         help="the memory service: Mem0's REST routes, /answer and /v1/chat/completions over memr1 banks",
         configure=_configure_serve,
         run=_run_serve,
+    ),
+    Subcommand(
+        name="mcp",
+        help="the memory as MCP tools (add_memories, search_memory, answer, ...) over stdio or streamable HTTP",
+        configure=_configure_mcp,
+        run=_run_mcp,
     ),
     Subcommand(
         name="compare",

@@ -86,16 +86,42 @@ class ParityJudge(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class RuleManager(http.server.BaseHTTPRequestHandler):
+    """Chat completions for Manager prompts: UPDATE memory 0 when the new fact is about Scout and
+    memory 0 is about Buddy (merging them as the paper's example does), else ADD the fact."""
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        prompt = body["messages"][-1]["content"]
+        fact = re.search(r"New fact: (.*)", prompt).group(1)
+        first = re.search(r"^0: (.*)$", prompt, re.MULTILINE)
+        if "Scout" in fact and first and "Buddy" in first.group(1):
+            entry = {"id": "0", "text": "Andrew adopted two dogs, Buddy and Scout", "event": "UPDATE", "old_memory": first.group(1)}
+        else:
+            entry = {"id": "new", "text": fact, "event": "ADD"}
+        reply_with_chat(self, json.dumps({"memory": [entry]}))
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 @contextlib.contextmanager
-def parity_judge() -> Iterator[str]:
-    """A `ParityJudge` served on a free loopback port for the block: its /v1 URL."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ParityJudge)
+def serve_on_loopback(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` served on a free loopback port for the block: its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
+
+
+@contextlib.contextmanager
+def parity_judge() -> Iterator[str]:
+    """A `ParityJudge` served on a free loopback port for the block: its /v1 URL."""
+    with serve_on_loopback(ParityJudge) as url:
+        yield f"{url}/v1"
 
 
 def environment(fault: str | None = None) -> dict[str, str]:

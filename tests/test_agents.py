@@ -199,8 +199,13 @@ def test_temp_id_map_follows_candidate_order() -> None:
         pytest.param(
             '{"memory": [{"id": "0", "text": "Andrew adopted a dog named Buddy", '
             '"event": "NONE"}]}',
-            manager_op(OpKind.NOOP),
-            id="none-is-a-valid-noop",
+            manager_op(OpKind.NOOP, "", "mem-buddy"),
+            id="none-is-a-valid-noop-naming-the-memory-judged-equal",
+        ),
+        pytest.param(
+            '{"memory": [{"id": "9", "event": "NONE"}, {"id": "2", "event": "NONE"}]}',
+            manager_op(OpKind.NOOP, "", "mem-job"),
+            id="none-naming-no-memory-shown-is-still-a-noop-and-the-next-none-names-it",
         ),
         pytest.param(
             'Here is the update:\n```json\n{"memory": [{"id": "1", "text": "Andrew likes hiking '

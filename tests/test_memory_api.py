@@ -4,10 +4,14 @@ and the real MiniLM embedder; no model (every fact is ADDed)."""
 
 from __future__ import annotations
 
+import asyncio
+import re
+import threading
 from pathlib import Path
 
 import pytest
 
+from memr1.service.async_memory import AsyncMemory
 from memr1.service.memory import Memory
 from memr1.service.scopes import MemoryNotFound
 
@@ -76,3 +80,107 @@ def test_what_the_managers_add_stores(tmp_path, embedder, add_text, stored):
         (added,) = memory.add("Andrew adopted a dog named Buddy", user_id="andrew")["results"]
         assert (added["event"], added["memory"]) == ("ADD", stored)
         assert [item["memory"] for item in memory.get_all(user_id="andrew")["results"]] == [stored]
+
+
+class CorrectingManager:
+    """A Manager whose replies are fixed by the new fact's words: the shapes a trained Manager's
+    replies take, and one that does not parse."""
+
+    name = "correcting-manager"
+
+    def complete(self, prompts, max_new_tokens):
+        replies = []
+        for prompt in prompts:
+            fact = prompt[-1]["content"].rsplit("New fact: ", 1)[1]
+            if "3 kids" in fact:
+                replies.append('{"memory": [{"id": "0", "text": "Andrew has 3 kids", "event": "UPDATE", "old_memory": "x"}]}')
+            elif "no longer" in fact:
+                replies.append('{"memory": [{"id": "0", "event": "DELETE"}]}')
+            elif "again" in fact:
+                replies.append('{"memory": [{"id": "0", "event": "NONE"}]}')
+            elif "gone" in fact:
+                replies.append('{"memory": [{"id": "4", "text": "x", "event": "UPDATE"}]}')  # no memory 4 shown
+            elif "garbled" in fact:
+                replies.append('{"memory": [{"id": "0", "text": "Andrew has')  # cut off mid-object
+            else:
+                replies.append('{"memory": [{"id": "new", "text": "-", "event": "ADD"}]}')
+        return replies
+
+
+def test_each_write_says_what_the_manager_decided_and_no_fact_is_dropped(tmp_path, embedder):
+    with Memory(tmp_path / "memories", embedder=embedder, manager=CorrectingManager()) as memory:
+        (kids,) = memory.add("Andrew has 2 kids", user_id="andrew")["results"]
+        assert (kids["event"], kids["memory"], kids["fact"]) == ("ADD", "Andrew has 2 kids", "Andrew has 2 kids")
+        (update,) = memory.add("We had our third baby, so now Andrew has 3 kids", user_id="andrew")["results"]
+        assert (update["event"], update["id"], update["memory"], update["previous_memory"]) == ("UPDATE", kids["id"], "Andrew has 3 kids", "Andrew has 2 kids")
+        (same,) = memory.add("Andrew told us again about his kids", user_id="andrew")["results"]
+        assert (same["event"], same["id"], same["memory"]) == ("NONE", kids["id"], "Andrew has 3 kids")
+        assert [item["memory"] for item in memory.get_all(user_id="andrew")["results"]] == ["Andrew has 3 kids"]
+        assert [(row["event"], row["old_memory"], row["new_memory"]) for row in memory.history(kids["id"])] == [
+            ("ADD", None, "Andrew has 2 kids"), ("UPDATE", "Andrew has 2 kids", "Andrew has 3 kids"),
+        ]
+        (band,) = memory.add("My favorite band is Radiohead", user_id="maria")["results"]
+        (deleted,) = memory.add("Maria no longer likes Radiohead", user_id="maria")["results"]
+        assert (deleted["event"], deleted["id"], deleted["memory"]) == ("DELETE", band["id"], "My favorite band is Radiohead")
+        assert memory.get_all(user_id="maria")["results"] == [] and memory.history(band["id"])[-1]["event"] == "DELETE"
+        # A reply cut off, and an operation on a memory never shown (no id 4): neither parses, the fact is kept.
+        for text, why in (("Andrew's garbled news", "did not parse \\(truncated_json\\)"), ("The old car is gone", "did not parse \\(unknown_id\\)")):
+            (kept,) = memory.add(text, user_id="andrew")["results"]
+            assert (kept["event"], kept["memory"]) == ("ADD", text)
+            assert re.search(why, kept["reason"]), kept["reason"]
+        assert len(memory.get_all(user_id="andrew")["results"]) == 3
+
+
+def test_an_id_that_would_name_another_scope_is_refused(memory):
+    memory.add("Andrew adopted a dog", user_id="andrew", agent_id="x", infer=False)
+    with pytest.raises(ValueError, match="user_id: '&' is not allowed"):
+        memory.search("dog", user_id="andrew&agent_id=x")
+    with pytest.raises(ValueError, match="user_id: '&' is not allowed"):
+        memory.add("Andrew adopted a cat", user_id="andrew&agent_id=x")
+    assert len(memory.get_all(user_id="andrew", agent_id="x")["results"]) == 1
+
+
+class GatedManager:
+    """A Manager that, for the fact "held", waits until the test lets it go: while it waits, the event
+    loop must go on serving other callers, or nobody would let it go."""
+
+    name = "gated-manager"
+
+    def __init__(self) -> None:
+        self.entered, self.released = threading.Event(), threading.Event()
+
+    def complete(self, prompts, max_new_tokens):
+        if any(prompt[-1]["content"].endswith("New fact: held") for prompt in prompts):
+            self.entered.set()
+            assert self.released.wait(30), "the event loop was blocked: nobody released the Manager"
+        return ['{"memory": [{"id": "new", "text": "-", "event": "ADD"}]}' for _ in prompts]
+
+
+def test_async_memory_serves_other_callers_while_one_waits_on_its_model(tmp_path, embedder):
+    manager = GatedManager()
+
+    async def main() -> None:
+        async with AsyncMemory(tmp_path / "memories", embedder=embedder, manager=manager) as memory:
+            held = asyncio.create_task(memory.add("held", user_id="ann"))
+            while not manager.entered.is_set():
+                await asyncio.sleep(0.01)
+            # Meanwhile, eight other callers write and read through the same model and store.
+            written = await asyncio.gather(*(memory.add(f"note {n}", user_id=f"user{n}") for n in range(8)))
+            assert [r["results"][0]["event"] for r in written] == ["ADD"] * 8
+            assert (await memory.search("note", user_id="user3"))["results"][0]["memory"] == "note 3"
+            assert not held.done()
+            manager.released.set()
+            (added,) = (await held)["results"]
+            assert (await memory.get(added["id"]))["memory"] == "held"
+            assert [row["event"] for row in await memory.history(added["id"])] == ["ADD"]
+
+    asyncio.run(main())
+
+
+def test_async_memory_takes_a_path_or_a_memory_never_both(tmp_path, embedder):
+    with Memory(tmp_path / "memories", embedder=embedder) as shared:
+        with pytest.raises(ValueError, match="not both"):
+            AsyncMemory(tmp_path / "other", memory=shared)
+        with pytest.raises(ValueError, match="are Memory's"):
+            AsyncMemory(memory=shared, k=5)
+        assert AsyncMemory(memory=shared).memory is shared

@@ -8,7 +8,6 @@ Time budget: about 60 s on 2 CPU cores (two servers of ~10 s start-up, 8 writer 
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import re
@@ -22,7 +21,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from processes import free_port, reply_with_chat
+from processes import RuleManager, free_port, serve_on_loopback
 
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.openai_client import OpenAICompatibleClient
@@ -32,31 +31,10 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class RuleManager(http.server.BaseHTTPRequestHandler):
-    """Chat completions for Manager prompts: UPDATE memory 0 when the new fact is about Scout and
-    memory 0 is about Buddy (merging them as the paper's example does), else ADD the fact."""
-
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        prompt = body["messages"][-1]["content"]
-        fact = re.search(r"New fact: (.*)", prompt).group(1)
-        first = re.search(r"^0: (.*)$", prompt, re.MULTILINE)
-        if "Scout" in fact and first and "Buddy" in first.group(1):
-            entry = {"id": "0", "text": "Andrew adopted two dogs, Buddy and Scout", "event": "UPDATE", "old_memory": first.group(1)}
-        else:
-            entry = {"id": "new", "text": fact, "event": "ADD"}
-        reply_with_chat(self, json.dumps({"memory": [entry]}))
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def manager_url() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RuleManager)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"openai:http://127.0.0.1:{server.server_address[1]}/v1#rule-manager"
-    server.shutdown()
+    with serve_on_loopback(RuleManager) as url:
+        yield f"openai:{url}/v1#rule-manager"
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +81,7 @@ def test_buddy_and_scout_merge_into_one_memory_through_post_memories(service):
         (second,) = add(client, "Andrew adopted another dog, Scout")["results"]
         assert second == {
             "id": first["id"], "memory": "Andrew adopted two dogs, Buddy and Scout", "event": "UPDATE",
-            "previous_memory": "Andrew adopted a dog named Buddy",
+            "previous_memory": "Andrew adopted a dog named Buddy", "fact": "Andrew adopted another dog, Scout",
         }
         (only,) = client.get("/memories", params={"user_id": "andrew"}).json()["results"]
         assert only["memory"] == "Andrew adopted two dogs, Buddy and Scout" and only["metadata"] == {"source": "chat"}

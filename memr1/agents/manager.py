@@ -17,7 +17,8 @@ Reading the output (`ManagerAgent.parse`):
 - the entries are read in order and the first one whose event is not NONE is the operation; the
   entries after it are not read. An entry that is malformed before that point makes the whole output
   a format error: the model said something it did not mean to be ignored;
-- only NONE entries: a NOOP with no format error (the model chose to change nothing);
+- only NONE entries: a NOOP with no format error (the model chose to change nothing), whose
+  `target_id` is the memory the first NONE names as equal to the fact, when it names one shown;
 - events are case-insensitive and NOOP is read as NONE; an id may be a string or an integer;
   `old_memory` is informational and never read;
 - anything else is `MemoryOp(OpKind.NOOP, format_error=<one of MANAGER_FORMAT_ERRORS>)`.
@@ -180,11 +181,13 @@ def _read_operation(text: str, ids: dict[str, str], read_add_text: bool) -> tupl
         raise _FormatError(TRUNCATED_JSON) from None
     except ValueError:
         raise _FormatError(NO_JSON) from None
+    equal_to = None  # the memory the first NONE entry names, if it names one shown
     for entry in _entries(document):
         kind, op_text, target_id = _read_entry(entry, ids, read_add_text)
         if kind is not OpKind.NOOP:
             return kind, op_text, target_id
-    return OpKind.NOOP, "", None
+        equal_to = equal_to or target_id
+    return OpKind.NOOP, "", equal_to
 
 
 def _entries(document: dict[str, Any]) -> list[Any]:
@@ -206,8 +209,9 @@ def _read_entry(entry: Any, ids: dict[str, str], read_add_text: bool) -> tuple[O
     if not isinstance(entry, dict):
         raise _FormatError(WRONG_TYPE)
     kind = _event(entry)
-    if kind is OpKind.NOOP:
-        return kind, "", None
+    if kind is OpKind.NOOP:  # its id, informational, is the memory judged equal: kept when it is one shown
+        temp_id = entry.get("id")
+        return kind, "", ids.get(str(temp_id).strip()) if isinstance(temp_id, (str, int)) and not isinstance(temp_id, bool) else None
     if kind is OpKind.ADD:
         return kind, _text(entry) if read_add_text else "", None
     target_id = _target(entry, ids)

@@ -134,10 +134,15 @@ class Memory:
     ) -> dict[str, Any]:
         """Remember what `messages` say. infer=True: facts (the extractor's, or each user message)
         each go to the Manager with their similar memories; infer=False: every message is ADDed as it
-        is. `timestamp` (Mem0 2.x: Unix seconds) dates the memories, default now. Returns
-        `{"results": [{"id", "memory", "event", ("previous_memory")}]}`, NOOPs left out; an operation
-        the Manager chose that cannot be applied (an UPDATE of a memory deleted meanwhile) is reported
-        with event "NONE" and its reason, and changes nothing."""
+        is. `timestamp` (Mem0 2.x: Unix seconds) dates the memories, default now.
+
+        Returns `{"results": [...]}`, one result per fact, saying what the Manager decided (Mem0's
+        events, nothing left out): `{"id", "memory", "event", "fact"}` with `event` ADD, UPDATE (and
+        `previous_memory`, the text it replaced), DELETE (`memory` is the deleted text) or NONE (`id`
+        and `memory` name the memory judged equal, when the Manager named one). A fact is never lost
+        in silence: when the Manager's reply does not parse, or names an operation that cannot be
+        applied (an UPDATE of a memory deleted meanwhile), the fact is ADDed as told and the result's
+        `reason` says why."""
         scope = scope_of(user_id, agent_id, run_id)
         turns = self._turns(messages, scope)
         stamp = now() if timestamp is None else from_unix(timestamp)
@@ -147,27 +152,51 @@ class Memory:
             for fact in facts:
                 vector = self._embed(fact.text)
                 op, candidates = self._decide(scope, fact, vector) if infer else (add_op(fact), [])
-                if op.kind is OpKind.NOOP:
-                    continue
-                try:
-                    check_op(op, "memories")
-                    if op.kind is OpKind.ADD:
-                        written = ScopedMemory.added(scope, op.text, vector, stamp, metadata)
-                    else:
-                        target = next((c for c in candidates if c.id == op.target_id), None)
-                        current = self.store.get(op.target_id) if target is not None else None
-                        if current is None or current.deleted or current.scope != scope:
-                            raise MemoryBankError(f"{op.kind.value} of {op.target_id!r}: no such live memory in this scope")
-                        written = current.updated(op.text, self._embed(op.text), stamp) if op.kind is OpKind.UPDATE else current.removed(stamp)
-                except MemoryBankError as error:
-                    results.append({"id": None, "memory": fact.text, "event": "NONE", "error": str(error)})
-                    continue
-                self.store.write([written])
-                result = {"id": written.id, "memory": written.text, "event": EVENTS[op.kind]}
-                if op.kind is OpKind.UPDATE:
-                    result["previous_memory"] = current.text
-                results.append(result)
+                results.append(self._apply(scope, fact, vector, op, candidates, stamp, metadata))
         return {"results": results}
+
+    def _apply(
+        self,
+        scope: str,
+        fact: Fact,
+        vector: Any,
+        op: MemoryOp,
+        candidates: Sequence[ScopedMemory],
+        stamp: str,
+        metadata: Mapping[str, Any] | None,
+    ) -> dict[str, Any]:
+        """Write what `op` decided for `fact` (under the scope's lock) and say what happened."""
+        reason = None
+        if op.format_error is not None:
+            reason = f"the Manager's reply did not parse ({op.format_error}); the fact was added as told"
+        elif op.kind is OpKind.NOOP:
+            equal = next((c for c in candidates if c.id == op.target_id), None)
+            return {"id": equal and equal.id, "memory": equal.text if equal else fact.text, "event": "NONE", "fact": fact.text}
+        current = None
+        if reason is None and op.kind is not OpKind.ADD:
+            target = next((c for c in candidates if c.id == op.target_id), None)
+            current = self.store.get(op.target_id) if target is not None else None
+            if current is None or current.deleted or current.scope != scope:
+                reason = f"the Manager's {op.kind.value} names {op.target_id!r}, no live memory of this scope; the fact was added as told"
+        try:
+            if reason is not None:
+                op = add_op(fact)
+            check_op(op, "memories")
+        except MemoryBankError as error:  # the Manager's UPDATE text over a memory's limit
+            op, reason = add_op(fact), f"the Manager's {op.kind.value} was refused ({error}); the fact was added as told"
+        if op.kind is OpKind.ADD:
+            written = ScopedMemory.added(scope, op.text, vector, stamp, metadata)
+        elif op.kind is OpKind.UPDATE:
+            written = current.updated(op.text, self._embed(op.text), stamp)
+        else:
+            written = current.removed(stamp)
+        self.store.write([written])
+        result = {"id": written.id, "memory": written.text, "event": EVENTS[op.kind], "fact": fact.text}
+        if op.kind is OpKind.UPDATE:
+            result["previous_memory"] = current.text
+        if reason is not None:
+            result["reason"] = reason
+        return result
 
     def search(
         self,

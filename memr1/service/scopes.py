@@ -47,6 +47,8 @@ def scope_of(user_id: str | None = None, agent_id: str | None = None, run_id: st
             continue
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"{key}: expected a non-empty string, got {value!r}")
+        if "&" in value:  # "&" joins the scope string: user "andrew&agent_id=x" would be another scope
+            raise ValueError(f"{key}: '&' is not allowed in an id (got {value[:64]!r})")
         parts.append(f"{key}={value.strip()}")
     if not parts:
         raise ValueError("at least one of user_id, agent_id, run_id is required")

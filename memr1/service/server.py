@@ -1,6 +1,6 @@
 """`memr1 serve`: a `Memory` behind Mem0's REST routes, plus `POST /answer`, `POST /memories/{id}/restore`,
-`GET /health` and the OpenAI-compatible `/v1/chat/completions` and `/v1/models` for the loaded model
-(`memr1.service.openai_api`).
+`GET /health`, the OpenAI-compatible `/v1/chat/completions` and `/v1/models` for the loaded model
+(`memr1.service.openai_api`), and the memory's MCP tools at `/mcp` (`memr1.service.mcp`).
 
 Bad input is a 4xx naming the field: 422 for a malformed body (FastAPI's validation, with the field's
 location), 400 for a value the memory layer refuses (empty messages, no user_id), 404 for an unknown
@@ -13,56 +13,20 @@ writes, and every read goes to Milvus, so replicas of this server on one Milvus 
 
 from __future__ import annotations
 
-import hmac
 import math
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from starlette.types import ASGIApp, Message as ASGIMessage, Receive, Scope, Send
 
+from memr1.service.gates import MAX_BODY_BYTES, UNAUTHORISED, BodyLimit, key_matches
+from memr1.service.mcp import MemoryMCP, mount_mcp
 from memr1.service.memory import Memory, MemoryNotFound
 from memr1.service.models import TextModel
 from memr1.service.openai_api import install_error_shapes, openai_router
 
-MAX_BODY_BYTES = 1 << 20  # 1 MiB: far above any conversation chunk, far below what would hurt
 # Request bodies are JSON with finite numbers only: NaN or Infinity is a 422 naming the field.
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-class BodyLimit:
-    """ASGI middleware: a request body over `max_bytes` is a 413, whether its Content-Length says so
-    up front or its chunks add up to it as they arrive (the handler's read of the body is cut there)."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    def refusal(self, size: str) -> HTTPException:
-        return HTTPException(status_code=413, detail=f"body of {size} bytes; the limit is {self.max_bytes}")
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length", b"").decode()
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            error = self.refusal(declared)
-            await JSONResponse(status_code=error.status_code, content={"detail": error.detail})(scope, receive, send)
-            return
-        received = 0
-
-        async def counted() -> ASGIMessage:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    # FastAPI passes an HTTPException raised while reading the body on as itself.
-                    raise self.refusal(f"more than {self.max_bytes}")
-            return message
-
-        await self.app(scope, counted, send)
 
 
 def finite_json(value: Any, where: str) -> Any:
@@ -142,12 +106,8 @@ def create_app(memory: Memory, chat_model: TextModel | None = None, api_key: str
     install_error_shapes(app)
 
     def authorised(request: Request) -> None:
-        if api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        token = header.removeprefix("Bearer ").removeprefix("Token ")
-        if not hmac.compare_digest(token.encode(), api_key.encode()):
-            raise HTTPException(status_code=401, detail="missing or wrong API key (Authorization: Bearer KEY)")
+        if api_key is not None and not key_matches(request.headers.get("authorization", ""), api_key):
+            raise HTTPException(status_code=401, detail=UNAUTHORISED)
 
     auth = [Depends(authorised)]
 
@@ -217,5 +177,5 @@ def create_app(memory: Memory, chat_model: TextModel | None = None, api_key: str
         return call(memory.answer, body.question, user_id=body.user_id, agent_id=body.agent_id, run_id=body.run_id)
 
     app.include_router(openai_router(chat_model, auth, call, memory.embedder))
-
+    mount_mcp(app, MemoryMCP(memory), api_key)
     return app
