@@ -5,7 +5,9 @@
   beside the same calls on `memr1.Memory` in process. The memories are LoCoMo conv-30's observation
   facts (ADDed as they are, `infer=False`), the queries its first N validation questions; the
   in-process calls run first, then the server opens the same memories. Each side makes one untimed
-  answer call first (it warms the model).
+  answer call first (it warms the model). Over HTTP, the MCP endpoint (`/mcp`, a plain JSON-RPC
+  client) searches the same queries, and adds are timed through REST and through MCP (`add_memories`)
+  beside each other.
 - `tenants`: many users in the one collection (Milvus Lite, in process). The cost of a new user's
   first memory (`Memory.add`), beside an existing user's next one, the embedding alone, and what the
   per-scope layout of earlier versions paid (a collection per user); search p50 / p95 with `--users`
@@ -134,9 +136,23 @@ def answer_section(args: argparse.Namespace, conversation, scratch: Path) -> tup
             def post(route: str, body: dict) -> None:
                 client.post(route, json=body).raise_for_status()
 
+            def tool(name: str, arguments: dict) -> None:  # a plain JSON-RPC client: no session, no initialize
+                body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
+                reply = client.post("/mcp", json=body)
+                reply.raise_for_status()
+                if reply.json()["result"]["isError"]:
+                    raise RuntimeError(f"MCP {name}: {reply.json()['result']['content'][0]['text']}")
+
             post("/answer", {"question": questions[0], "user_id": USER})  # warm-up, untimed
             search_s, search_wall = timed([lambda q=q: post("/search", {"query": q, "user_id": USER, "top_k": args.k}) for q in questions])
             answer_s, answer_wall = timed([lambda q=q: post("/answer", {"question": q, "user_id": USER}) for q in questions[: args.answers]])
+            # The same questions reworded by a suffix: the server's embedder caches by text, and REST
+            # has just embedded these.
+            mcp_search_s, mcp_search_wall = timed([lambda q=q: tool("search_memory", {"query": f"{q} (mcp)", "user_id": USER, "limit": args.k}) for q in questions])
+            # Adds of new texts (the embedder caches by text) into users of their own, REST then MCP.
+            texts = [f"{fact.text} ({n})" for n, fact in enumerate(conversation.facts[: len(questions)])]
+            add_s, add_wall = timed([lambda t=t: post("/memories", {"messages": [{"role": "user", "content": t}], "user_id": "bench-rest"}) for t in texts])
+            mcp_add_s, mcp_add_wall = timed([lambda t=t: tool("add_memories", {"text": f"{t}.", "user_id": "bench-mcp"}) for t in texts])
         clients = [httpx.Client(base_url=url, timeout=600) for _ in range(args.workers)]
         calls = [
             lambda q=q, c=clients[i % args.workers]: c.post("/search", json={"query": q, "user_id": USER, "top_k": args.k}).raise_for_status()
@@ -150,16 +166,22 @@ def answer_section(args: argparse.Namespace, conversation, scratch: Path) -> tup
     results["http"] = {
         "search": {**percentiles(search_s), "per_s": len(search_s) / search_wall, f"per_s_{args.workers}_clients": search_concurrent},
         "answer": {**percentiles(answer_s), "per_s": len(answer_s) / answer_wall},
+        "add": {**percentiles(add_s), "per_s": len(add_s) / add_wall},
+    }
+    results["mcp"] = {
+        "search": {**percentiles(mcp_search_s), "per_s": len(mcp_search_s) / mcp_search_wall},
+        "add": {**percentiles(mcp_add_s), "per_s": len(mcp_add_s) / mcp_add_wall},
     }
     table = Table(title=f"memr1 serve vs in-process Memory (conv-30, {len(conversation.facts)} memories, k={args.k}; "
                         f"{args.workers} clients at once: {search_concurrent:.1f} searches/s)")
-    for column in ("call", "side", "n", "p50 ms", "p95 ms", "per s", "p50 HTTP / in-process"):
+    for column in ("call", "side", "n", "p50 ms", "p95 ms", "per s", "p50 / in-process (add: / REST)"):
         table.add_column(column, justify="right")
-    for call in ("search", "answer"):
-        for side in ("in_process", "http"):
+    for call, sides in (("search", ("in_process", "http", "mcp")), ("answer", ("in_process", "http")), ("add", ("http", "mcp"))):
+        for side in sides:
             row = results[side][call]
-            ratio = row["p50_ms"] / results["in_process"][call]["p50_ms"]
-            table.add_row(call, side, str(row["n"]), f"{row['p50_ms']:.1f}", f"{row['p95_ms']:.1f}", f"{row['per_s']:.2f}", f"{ratio:.2f}x")
+            base = results["in_process" if call != "add" else "http"][call]["p50_ms"]
+            label = {"in_process": "in process", "http": "REST", "mcp": "MCP (JSON-RPC)"}[side]
+            table.add_row(call, label, str(row["n"]), f"{row['p50_ms']:.1f}", f"{row['p95_ms']:.1f}", f"{row['per_s']:.2f}", f"{row['p50_ms'] / base:.2f}x")
     return results, table
 
 
