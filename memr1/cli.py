@@ -128,6 +128,29 @@ def _print_summary(summary: dict[str, Any]) -> None:
         print(f"{issue['sample_id']} {issue['json_path']}: {issue['raw']!r}: {issue['detail']}")
 
 
+# --- knowledge-update ---------------------------------------------------------------------------
+
+
+def _configure_knowledge_update(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=Path("data/knowledge_update.json"), help="where to write it (default: where conf/data/knowledge_update.yaml reads it)")
+    parser.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0, the set conf/data/knowledge_update.yaml names)")
+
+
+def _run_knowledge_update(args: argparse.Namespace) -> int:
+    from memr1.datasets.knowledge_update import write
+    from memr1.datasets.locomo import parse_locomo
+
+    write(args.out, args.seed)
+    conversations = parse_locomo(args.out, exclude_categories=()).conversations
+    by_split: dict[str, list[int]] = {}
+    for conversation in conversations:
+        split = conversation.sample_id.split("-")[1]
+        by_split.setdefault(split, []).append(len(conversation.questions))
+    sizes = ", ".join(f"{split}: {len(counts)} conversations, {sum(counts)} questions" for split, counts in by_split.items())
+    print(f"wrote {args.out} (seed {args.seed}): {sizes}")
+    return 0
+
+
 # --- serve ---------------------------------------------------------------------------------------
 
 
@@ -348,6 +371,12 @@ SUBCOMMANDS: list[Subcommand] = [
         help="sizes of a LoCoMo file per split, and the dia_ids repaired or dropped while parsing it",
         configure=_configure_data_summary,
         run=_run_data_summary,
+    ),
+    Subcommand(
+        name="knowledge-update",
+        help="write the synthetic knowledge-update set (facts replaced, cancelled, accumulated) in LoCoMo's format",
+        configure=_configure_knowledge_update,
+        run=_run_knowledge_update,
     ),
     Subcommand(
         name="serve",
