@@ -36,6 +36,7 @@ from memr1.modules.base import RLModule
 from memr1.modules.manager import ManagerRLModule
 from memr1.modules.sft import AnswerSFTModule, ManagerSFTModule
 from memr1.rl.algorithms import AlgoConfig
+from memr1.search_teacher import SearchManagerTeacher
 from memr1.teachers import EndpointTeacher, EvidenceAnswerTeacher, RuleManagerTeacher, Teacher, TeacherTrajectories
 
 log = logging.getLogger(__name__)
@@ -240,8 +241,9 @@ def build_rollout_engine(cfg: DictConfig, tokenizer: Any) -> GenerationEngine | 
     raise ValueError(f"engine: unknown engine {cfg.engine!r}; expected hf or vllm")
 
 
-def build_trajectories(cfg: DictConfig) -> TeacherTrajectories:
-    """The `teacher` config group: the dataset's own teacher for the agent, or an endpoint's model."""
+def build_trajectories(cfg: DictConfig, env: AnswerEnv | ManagerEnv) -> TeacherTrajectories:
+    """The `teacher` config group: the dataset's own teacher for the agent, the Manager's environment
+    searched (`env`, the run's own), or an endpoint's model."""
     spec = cfg.teacher
     teacher: Teacher
     if spec.kind == "dataset":
@@ -249,10 +251,17 @@ def build_trajectories(cfg: DictConfig) -> TeacherTrajectories:
             teacher = EvidenceAnswerTeacher(distill=answer_config(cfg).distill)
         else:
             teacher = RuleManagerTeacher(duplicate_score=spec.duplicate_score)
+    elif spec.kind == "search":
+        if not isinstance(env, ManagerEnv):
+            raise ValueError("teacher=search: it searches the Manager's operations; use model=manager")
+        teacher = SearchManagerTeacher(
+            env.variant(ManagerAgent("fact"), credit="outcome"), env.variant(ManagerAgent("model"), credit="outcome"),
+            answerer=str(answer_config(cfg).ckpt), min_margin=spec.min_margin, drop_factor=spec.drop_factor,
+        )
     elif spec.kind == "endpoint":
         teacher = EndpointTeacher(spec.url, spec.model, max_tokens=spec.max_tokens, api_key_env=spec.api_key_env)
     else:
-        raise ValueError(f"teacher.kind: unknown teacher {spec.kind!r}; expected dataset or endpoint")
+        raise ValueError(f"teacher.kind: unknown teacher {spec.kind!r}; expected dataset, search or endpoint")
     return TeacherTrajectories(teacher, spec.cache)
 
 
@@ -279,12 +288,13 @@ def build_module(cfg: DictConfig) -> RLModule:
         precision=run_precision(cfg),
     )
     answer = cfg.model.agent == "answer"
+    env = build_env(cfg)
     if not algorithm.trains_on_rollouts:
         module_class: type[RLModule] = AnswerSFTModule if answer else ManagerSFTModule
-        common["trajectories"] = build_trajectories(cfg)
+        common["trajectories"] = build_trajectories(cfg, env)
     else:
         module_class = AnswerRLModule if answer else ManagerRLModule
-    return module_class(policy, tokenizer, build_env(cfg), algo, **common)
+    return module_class(policy, tokenizer, env, algo, **common)
 
 
 def monitored_metric(agent: str) -> str:

@@ -13,7 +13,8 @@ model (they are the dataset's knowledge written in the agent's format, not a mod
   near-duplicate of the fact (cosine >= `duplicate_score` under the bank's embedder), else ADD the fact,
   in the Manager's JSON schema.
 
-`EndpointTeacher` asks an OpenAI-compatible endpoint instead (the paper used GPT-class teachers), with
+`SearchManagerTeacher` (memr1/search_teacher.py) makes the Manager's environment its teacher: every
+operation scored by RL's own reward. `EndpointTeacher` asks an OpenAI-compatible endpoint instead (the paper used GPT-class teachers), with
 the agent's own prompt. `TeacherTrajectories` caches every target by state in a JSONL file, one row per
 state with its provenance (teacher, ids, prompt digest), appended and fsynced: a resumed or repeated run
 reads the targets back instead of asking again.
@@ -25,7 +26,8 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,10 +49,18 @@ Messages = list[dict[str, str]]
 DUPLICATE_SCORE = 0.85
 
 
+@dataclass(frozen=True)
+class Taught:
+    """A target with what it was chosen from, kept beside it in the cache (a teacher that searched)."""
+
+    text: str
+    details: Mapping[str, Any]
+
+
 class Teacher(Protocol):
     name: str
 
-    def target(self, state: Any, messages: Messages) -> str:
+    def target(self, state: Any, messages: Messages) -> str | Taught:
         """The response to train on for `state`, whose prompt is `messages`."""
         ...
 
@@ -172,8 +182,11 @@ class TeacherTrajectories:
                 for key, state, messages in missing:
                     if key in self._targets:  # the same prompt twice in one batch
                         continue
-                    target = self.teacher.target(state, messages)
+                    taught = self.teacher.target(state, messages)
+                    target = taught if isinstance(taught, str) else taught.text
                     row = {"key": key, "teacher": self.teacher.name, **state_ids(state), "target": target}
+                    if isinstance(taught, Taught):
+                        row["details"] = dict(taught.details)
                     out.write(json.dumps(row) + "\n")
                     self._targets[key] = target
                 out.flush()

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("environments", ("memr1.envs",)),
     ("rl maths", ("memr1.rl",)),
     ("states", ("memr1.states",)),
-    ("training parts", ("memr1.teachers", "memr1.modules", "memr1.callbacks")),
+    ("training parts", ("memr1.teachers", "memr1.search_teacher", "memr1.modules", "memr1.callbacks")),
     ("factories", ("memr1.factories",)),
     ("applications", ("memr1.evaluation", "memr1.pipeline", "memr1.stage_archive", "memr1.training", "memr1.service")),
     ("commands", ("memr1.schedule", "memr1.cli", "memr1")),

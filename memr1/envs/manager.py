@@ -121,6 +121,13 @@ class ManagerEnv:
         self.credit = credit
         self._noop_scores: dict[tuple, float] = {}  # state key -> NOOP score (greedy answers: deterministic)
 
+    def variant(self, manager_agent: ManagerAgent, credit: str) -> ManagerEnv:
+        """The same answerer, reward, penalty and judge, with another Manager agent and credit."""
+        return ManagerEnv(
+            manager_agent, self.answer_agent, self.answer_engine, self.answer_sampling, self.k_per_speaker,
+            self.reward, self.format_penalty, self.judge, credit,
+        )
+
     def prompt(self, state: ManagerState) -> list[dict[str, str]]:
         return self.manager_agent.build_messages(state.fact, state.candidates)
 

@@ -1,0 +1,144 @@
+"""The environment as the Memory Manager's teacher: every operation the Manager may choose in a state,
+scored by the reward RL uses, and the best kept under a stated tie rule.
+
+No model stronger than the 135M one is available offline, and the rule teacher (ADD unless a near
+duplicate) never UPDATEs or DELETEs, so SFT on it never shows RL those operations. A Manager's action
+space is small, though, and `ManagerEnv.score` prices each action exactly (the same frozen Answer Agent,
+questions and reward as RL). `SearchManagerTeacher` enumerates the options of a state (`options`):
+
+- NONE (store nothing); ADD the fact;
+- for each candidate memory: UPDATE it to a merge of its text and the fact (Mem0's UPDATE keeps what
+  the old memory said and adds the new: here the two texts joined, as no model writes the merge), UPDATE
+  it to the fact's text (a value replaced), and DELETE it;
+
+scores them all in one `score` call, and takes the best under the tie rule: ADD stays unless an option
+beats it by more than `margin`, and an option that stores none of the fact (NONE, DELETE) must beat it
+by `drop_factor` times that. `margin` is the larger of `min_margin` and the answerer's own variation on
+the state: how far ADD's score moves when the same fact is ADDed in a trivially different form (its
+final full stop toggled, its speaker's name written out), which changes no information. A 135M answerer
+reacts to any change of its context; a teacher that chased that noise would teach noise.
+
+Each target's row in the trajectory cache carries the scores it was chosen from (`details`), so a
+report counts how often each operation won and by how much (`scripts/search_teacher_report.py`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from memr1.agents.manager import temp_id_map
+from memr1.agents.text import one_line
+from memr1.envs.manager import ManagerEnv, ManagerState
+from memr1.teachers import Taught
+
+OPERATIONS = ("NONE", "ADD", "MERGE", "REPLACE", "DELETE")  # MERGE / REPLACE: the two UPDATE forms
+
+
+@dataclass(frozen=True)
+class Option:
+    """One thing the Manager may do in a state, written as its JSON reply.
+
+    operation: one of OPERATIONS; target: the candidate's temporary id ("0".."k-1") or None;
+    keeps_fact: whether the fact's information is stored (ADD, MERGE, REPLACE)."""
+
+    operation: str
+    target: str | None
+    reply: str
+    keeps_fact: bool
+
+
+@dataclass(frozen=True)
+class SearchChoice:
+    """The option taught for a state, with what it was chosen from."""
+
+    option: Option
+    scores: dict[str, float]  # option label -> score
+    add_score: float
+    noise: float
+    margin: float
+
+    def details(self) -> dict[str, object]:
+        return {"operation": self.option.operation, "target": self.option.target, "add": self.add_score,
+                "noise": self.noise, "margin": self.margin, "scores": self.scores}
+
+
+def label(option: Option) -> str:
+    return option.operation if option.target is None else f"{option.operation}:{option.target}"
+
+
+def _reply(entry: dict[str, str]) -> str:
+    return json.dumps({"memory": [entry]})
+
+
+def options(state: ManagerState) -> list[Option]:
+    """NONE, ADD, and MERGE / REPLACE / DELETE of each candidate, as the Manager's replies."""
+    fact = one_line(state.fact.text)
+    ids = list(temp_id_map(state.candidates))
+    found = [
+        Option("NONE", None, _reply({"id": ids[0], "text": one_line(state.candidates[0].text), "event": "NONE"}) if ids
+               else _reply({"event": "NONE"}), keeps_fact=False),
+        Option("ADD", None, _reply({"id": str(len(ids)), "text": fact, "event": "ADD"}), keeps_fact=True),
+    ]
+    for temp_id, memory in zip(ids, state.candidates):
+        old = one_line(memory.text)
+        merged = f"{old.rstrip('.')}; {fact}"
+        found += [
+            Option("MERGE", temp_id, _reply({"id": temp_id, "text": merged, "event": "UPDATE", "old_memory": old}), keeps_fact=True),
+            Option("REPLACE", temp_id, _reply({"id": temp_id, "text": fact, "event": "UPDATE", "old_memory": old}), keeps_fact=True),
+            Option("DELETE", temp_id, _reply({"id": temp_id, "text": old, "event": "DELETE"}), keeps_fact=False),
+        ]
+    return found
+
+
+def add_variants(state: ManagerState) -> list[str]:
+    """ADD replies of the same fact in trivially different forms (no information changed), the probes
+    of the answerer's own variation; scored where an ADD stores its reply's text (`add_text="model"`)."""
+    fact = one_line(state.fact.text)
+    toggled = fact[:-1] if fact.endswith(".") else f"{fact}."
+    named = fact if fact.startswith(state.fact.speaker) else f"{state.fact.speaker}: {fact}"
+    k = str(len(state.candidates))
+    return [_reply({"id": k, "text": text, "event": "ADD"}) for text in dict.fromkeys((toggled, named)) if text != fact]
+
+
+class SearchManagerTeacher:
+    """The Manager's teacher that searches the environment (see the module docstring).
+
+    env: the Manager's environment, outcome credit (its reward is what RL maximises); its Manager agent's
+        `add_text` must be "fact" (ADD stores the fact as given, as the trained Manager's ADDs will).
+    variants_env: the same environment with `add_text="model"`, for the ADD variants' own texts.
+    answerer: names the frozen Answer Agent, part of the teacher's name (the cache keeps targets per name).
+    """
+
+    def __init__(self, env: ManagerEnv, variants_env: ManagerEnv, answerer: str, min_margin: float = 0.1, drop_factor: float = 2.0) -> None:
+        if env.credit != "outcome":
+            raise ValueError(f"teacher=search: the environment's credit must be 'outcome' (scores, not differences), got {env.credit!r}")
+        if env.manager_agent.add_text != "fact" or variants_env.manager_agent.add_text != "model":
+            raise ValueError("teacher=search: env stores an ADD's fact as given (add_text=fact), variants_env the reply's text (add_text=model)")
+        if min_margin < 0 or drop_factor < 1:
+            raise ValueError(f"teacher=search: min_margin must be >= 0 and drop_factor >= 1, got {min_margin}, {drop_factor}")
+        self.env, self.variants_env = env, variants_env
+        self.min_margin, self.drop_factor = min_margin, drop_factor
+        settings = json.dumps([answerer, env.reward, env.k_per_speaker, min_margin, drop_factor])
+        self.name = f"search-v1-{hashlib.sha256(settings.encode()).hexdigest()[:8]}"
+
+    def choose(self, state: ManagerState) -> SearchChoice:
+        found = options(state)
+        scores = [reward.score for reward in self.env.score([state] * len(found), [option.reply for option in found])]
+        variants = add_variants(state)
+        variant_scores = [reward.score for reward in self.variants_env.score([state] * len(variants), variants)]
+        add_score = scores[1]
+        noise = max((abs(score - add_score) for score in variant_scores), default=0.0)
+        margin = max(self.min_margin, noise)
+        chosen, best = found[1], add_score
+        for option, score in zip(found, scores):
+            needed = add_score + (margin if option.keeps_fact else self.drop_factor * margin)
+            if score > needed and score > best:
+                chosen, best = option, score
+        return SearchChoice(chosen, {label(o): s for o, s in zip(found, scores)}, add_score, noise, margin)
+
+    def target(self, state: ManagerState, messages: Sequence[dict[str, str]]) -> Taught:
+        choice = self.choose(state)
+        return Taught(choice.option.reply, choice.details())

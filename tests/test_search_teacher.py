@@ -1,0 +1,130 @@
+"""The search teacher (memr1/search_teacher.py) on real Milvus Lite banks and the real MiniLM embedder,
+through the real `ManagerEnv`. The frozen answerer is `RuleReader`, a stand-in written here that answers
+from the memories its prompt shows, so that every option's F1 and the teacher's choice are computed by
+hand: ADD leaves Buddy and Scout in two memories (the reader names only Buddy), a MERGE into Buddy's
+memory names both."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from memr1.agents import AnswerAgent, ManagerAgent
+from memr1.embed import Embedder
+from memr1.envs import ManagerEnv, ManagerState
+from memr1.llm.engines import Generation, Prompt
+from memr1.llm.sampling import SamplingConfig
+from memr1.memory import MemoryBank
+from memr1.search_teacher import SearchManagerTeacher, options
+from memr1.teachers import TeacherTrajectories
+from memr1.types import Fact, MemoryOp, OpKind, Question
+
+DATE = "2:01 pm on 3 April, 2023"
+DOGS = Question("q-dogs", "conv-x", "What are the names of Andrew's dogs?", "Buddy and Scout", ("D4:2",), 1)
+HIKES = Question("q-hikes", "conv-x", "Where does Andrew hike?", "the Alps", ("D4:2",), 1)
+SCOUT = Fact("Andrew adopted another dog, Scout", "Andrew", ("D4:2",), 4, DATE)
+BUDDY = "Andrew adopted a dog named Buddy"
+STALE = "Andrew hikes in the Rockies"
+
+
+class RuleReader:
+    """Answers the dogs question "Buddy and Scout" when one memory names both, "Buddy" when one names
+    Buddy; the hikes question "I do not know" when a memory about Scout is shown (a distracted reader),
+    else "the Rockies" when the stale Rockies memory is, else "the Alps". `noisy`: a full stop at the
+    end of Scout's memory leaves it answering the dogs question "I do not know"."""
+
+    records_trunk = False
+
+    def __init__(self, noisy: bool = False) -> None:
+        self.noisy = noisy
+
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig, trunk_depth: int = 0) -> list[list[Generation]]:
+        return [[Generation(f"**Answer:** {self._answer(prompt[-1]['content'])}", [1], [2], [0.0], "stop")] for prompt in prompts]
+
+    def _answer(self, content: str) -> str:
+        lines = [line.split("] ", 1)[1] for line in content.splitlines() if line.startswith("[")]
+        if "Andrew's dogs" in content:
+            if self.noisy and f"{SCOUT.text}." in lines:
+                return "I do not know"
+            if any("Buddy" in line and "Scout" in line for line in lines):
+                return "Buddy and Scout"
+            return "Buddy" if any("Buddy" in line for line in lines) else "I do not know"
+        if any("Scout" in line for line in lines):
+            return "I do not know"
+        return "the Rockies" if any("Rockies" in line for line in lines) else "the Alps"
+
+
+@pytest.fixture
+def bank(tmp_path: Path, embedder: Embedder) -> Iterator[MemoryBank]:
+    with MemoryBank.open(tmp_path / "banks.db", "conv_x", embedder) as opened:
+        for text, turn in [(BUDDY, "D1:3"), (STALE, "D1:5")]:
+            opened.apply(MemoryOp(OpKind.ADD, text, speaker="Andrew", timestamp=DATE, provenance=(turn,)))
+        yield opened
+
+
+def teacher(reader: RuleReader, **kwargs: float) -> SearchManagerTeacher:
+    def env(add_text: str) -> ManagerEnv:
+        return ManagerEnv(ManagerAgent(add_text), AnswerAgent(distill=False), reader, SamplingConfig(max_new_tokens=8, temperature=0.0),
+                          k_per_speaker=5, reward="f1")
+    return SearchManagerTeacher(env("fact"), env("model"), answerer="rule-reader", **kwargs)
+
+
+def state(bank: MemoryBank, questions: list[Question]) -> ManagerState:
+    return ManagerState(SCOUT, "conv-x", ("Andrew", "Audrey"), bank, bank.search(SCOUT.text, speaker="Andrew", k=5), questions)
+
+
+def test_every_operation_of_every_candidate_is_an_option(bank):
+    found = options(state(bank, [DOGS]))
+    assert [(o.operation, o.target) for o in found] == [
+        ("NONE", None), ("ADD", None), ("MERGE", "0"), ("REPLACE", "0"), ("DELETE", "0"), ("MERGE", "1"), ("REPLACE", "1"), ("DELETE", "1"),
+    ]
+    for option in found:  # each parses as the Manager's own reply would
+        op = ManagerAgent().parse(option.reply, SCOUT, state(bank, [DOGS]).candidates)
+        assert op.format_error is None and op.kind.value == {"NONE": "NOOP", "MERGE": "UPDATE", "REPLACE": "UPDATE"}.get(option.operation, option.operation)
+
+
+def test_a_merge_that_answers_better_than_add_by_more_than_the_margin_is_taught(bank):
+    dogs = state(bank, [DOGS])
+    buddy = str([c.text for c in dogs.candidates].index(BUDDY))
+    choice = teacher(RuleReader()).choose(dogs)
+    # F1 by hand: ADD -> "Buddy" vs "Buddy and Scout": P 1, R 1/3 -> 0.5; MERGE into Buddy -> 1.0.
+    assert choice.add_score == pytest.approx(0.5) and choice.noise == 0.0 and choice.margin == pytest.approx(0.1)
+    assert (choice.option.operation, choice.option.target) == ("MERGE", buddy)
+    assert choice.scores[f"MERGE:{buddy}"] == pytest.approx(1.0) and choice.scores[f"DELETE:{buddy}"] == 0.0
+
+
+def test_an_option_that_drops_the_fact_must_earn_drop_factor_times_the_margin(bank):
+    hikes = state(bank, [HIKES])
+    stale = str([c.text for c in hikes.candidates].index(STALE))
+    # F1 by hand against "the Alps": ADD shows Scout -> "I do not know" 0; NONE shows the Rockies ->
+    # "the Rockies" 1/2; DELETE of the stale memory -> "the Alps" 1.0; every option storing Scout -> 0.
+    choice = teacher(RuleReader(), min_margin=0.3, drop_factor=2.0).choose(hikes)
+    assert choice.add_score == 0.0 and choice.scores["NONE"] == pytest.approx(0.5) and choice.scores[f"DELETE:{stale}"] == 1.0
+    assert all(score == 0.0 for name, score in choice.scores.items() if name.startswith(("MERGE", "REPLACE")))
+    # NONE's +0.5 falls short of 2 x 0.3; the DELETE's +1.0 clears it.
+    assert (choice.option.operation, choice.option.target) == ("DELETE", stale)
+    # Asked to earn 4 x 0.3, neither does: the fact is ADDed.
+    assert teacher(RuleReader(), min_margin=0.3, drop_factor=4.0).choose(hikes).option.operation == "ADD"
+
+
+def test_the_answerers_own_variation_widens_the_margin(bank):
+    # The noisy reader loses the dogs answer when Scout's memory ends in a full stop: the same fact,
+    # scored 0 where ADD scores 0.5. The margin becomes 0.5, and the MERGE's 1.0 no longer clears it.
+    choice = teacher(RuleReader(noisy=True)).choose(state(bank, [DOGS]))
+    assert choice.noise == pytest.approx(0.5) and choice.margin == pytest.approx(0.5)
+    assert max(choice.scores.values()) == pytest.approx(1.0) and choice.option.operation == "ADD"
+
+
+def test_targets_and_their_scores_are_cached_and_read_back(bank, tmp_path):
+    dogs = state(bank, [DOGS])
+    search = teacher(RuleReader())
+    cache = TeacherTrajectories(search, tmp_path / "manager-search.jsonl")
+    prompt = ManagerAgent().build_messages(SCOUT, dogs.candidates)
+    (target,) = cache.targets([dogs], [prompt])
+    assert json.loads(target)["memory"][0]["event"] == "UPDATE"
+    (row,) = [json.loads(line) for line in (tmp_path / "manager-search.jsonl").read_text().splitlines()]
+    assert row["teacher"] == search.name and row["details"]["operation"] == "MERGE" and row["details"]["add"] == pytest.approx(0.5)
+    assert TeacherTrajectories(search, tmp_path / "manager-search.jsonl").targets([dogs], [prompt]) == [target]
