@@ -191,6 +191,8 @@ def check_op(op: MemoryOp) -> None:
         assert (op.kind, op.text, op.target_id) == (OpKind.NOOP, "", None)
     if op.kind in (OpKind.UPDATE, OpKind.DELETE):
         assert op.target_id in REAL_IDS
+    elif op.kind is OpKind.NOOP and op.format_error is None:  # a NONE may name the memory judged equal
+        assert op.target_id is None or op.target_id in REAL_IDS
     else:
         assert op.target_id is None
     if op.kind in (OpKind.ADD, OpKind.UPDATE):
