@@ -12,9 +12,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Set before torch loads OpenMP; the tests' subprocesses inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
+from processes import RuleManager, serve_on_loopback  # noqa: E402
 
 from memr1.datasets.locomo_file import default_locomo_path  # noqa: E402
 from memr1.embed import Embedder  # noqa: E402
@@ -43,3 +46,11 @@ def embedder() -> Embedder:
     model = Embedder()
     assert model.dim == 384
     return model
+
+
+@pytest.fixture(scope="module")
+def manager_url() -> Iterator[str]:
+    """A Memory Manager on loopback that UPDATEs Buddy's memory when Scout comes (`RuleManager`), as
+    an `openai:URL#MODEL` model spec for `memr1 serve --manager`."""
+    with serve_on_loopback(RuleManager) as url:
+        yield f"openai:{url}/v1#rule-manager"

@@ -43,6 +43,29 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def start_listening(command: list[str], log: Path, probe: str, cwd: Path = ROOT, env: dict[str, str] | None = None,
+                    timeout_s: float = 300) -> tuple[subprocess.Popen, str]:
+    """`command --port PORT` (a free loopback port) started with its output in `log`, returned with its
+    URL once `probe` (a path) gets any HTTP answer; the log's tail if it exits or never answers."""
+    import httpx  # the tests that start servers have it; the others need not import it
+
+    port = free_port()
+    with log.open("w") as out:
+        process = subprocess.Popen([*command, "--port", str(port)], cwd=cwd, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+                                   stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text()[-3000:]
+        try:
+            httpx.get(f"{url}{probe}", timeout=1)
+            return process, url
+        except httpx.TransportError:
+            time.sleep(0.2)
+    process.kill()
+    raise TimeoutError(log.read_text()[-3000:])
+
+
 # Each algorithm's own settings (train.py refuses a setting the chosen algorithm would ignore).
 ALGO_RUN = {
     "grpo": ("algo.group_size=2", "algo.entropy_coef=0.1"),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from memr1.cli import parse_split
+from memr1.cli import main, parse_split
 
 pytestmark = pytest.mark.slow  # every test but one runs `memr1` as a subprocess
 
@@ -130,6 +130,13 @@ def test_serve_refuses_what_an_add_stores_when_there_is_no_manager(tmp_path: Pat
     assert result.returncode == 1
     assert result.stderr.startswith("memr1 serve: error: --manager-add-text: there is no Manager (--manager none)")
     assert not (tmp_path / "memories").exists()  # refused before anything was opened
+
+
+def test_mcp_over_stdio_refuses_http_options_before_opening_anything(tmp_path: Path, capsys) -> None:
+    for option in (["--port", "9000"], ["--host", "0.0.0.0"], ["--api-key-env", "KEY"]):
+        assert main(["mcp", "--path", str(tmp_path / "memories"), *option]) == 1
+        assert capsys.readouterr().err.startswith("memr1 mcp: error: --host / --port / --api-key-env: HTTP options; the stdio transport has none")
+    assert not (tmp_path / "memories").exists()
 
 
 def test_memr1_without_a_command_shows_usage() -> None:

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
-from processes import RuleManager, free_port, serve_on_loopback
+from processes import start_listening
 
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.testing import save_tiny_checkpoint
@@ -33,32 +32,13 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "API_KEY": "sesame"}
 
 
 @pytest.fixture(scope="module")
-def manager_url() -> Iterator[str]:
-    with serve_on_loopback(RuleManager) as url:
-        yield f"openai:{url}/v1#rule-manager"
-
-
-@pytest.fixture(scope="module")
 def backbone(tmp_path_factory) -> Path:
     return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "model", load_tokenizer("embedded:smollm2-135m-instruct"))
 
 
 def start(tmp: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    """`memr1 ARGS` listening on a free port; waits until `/mcp` answers (401 counts: it is up)."""
-    port = free_port()
-    log = (tmp / "server.log").open("w")
-    process = subprocess.Popen([sys.executable, "-m", "memr1.cli", *args, "--port", str(port)], cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        assert process.poll() is None, (tmp / "server.log").read_text()[-3000:]
-        try:
-            httpx.post(f"{url}/mcp", json={}, timeout=1)
-            return process, url
-        except httpx.TransportError:
-            time.sleep(0.2)
-    process.kill()
-    raise TimeoutError((tmp / "server.log").read_text()[-3000:])
+    """`memr1 ARGS` on a free port, once `/mcp` answers (a 401 too: it is up)."""
+    return start_listening([sys.executable, "-m", "memr1.cli", *args], tmp / "server.log", "/mcp", env=ENV)
 
 
 @pytest.fixture(scope="module")

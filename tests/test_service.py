@@ -9,7 +9,6 @@ Time budget: about 60 s on 2 CPU cores (two servers of ~10 s start-up, 8 writer 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from processes import RuleManager, free_port, serve_on_loopback
+from processes import start_listening
 
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.openai_client import OpenAICompatibleClient
@@ -32,32 +31,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def manager_url() -> Iterator[str]:
-    with serve_on_loopback(RuleManager) as url:
-        yield f"openai:{url}/v1#rule-manager"
-
-
-@pytest.fixture(scope="module")
 def backbone(tmp_path_factory) -> Path:
     return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "model", load_tokenizer("embedded:smollm2-135m-instruct"))
 
 
-def start_server(tmp: Path, backbone: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    log = (tmp / "server.log").open("w")
-    command = [sys.executable, "-m", "memr1.cli", "serve", "--path", str(tmp / "memories"), "--port", str(port), "--model", str(backbone), *args]
-    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        assert process.poll() is None, (tmp / "server.log").read_text()[-3000:]
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            time.sleep(0.2)
-    process.kill()
-    raise TimeoutError((tmp / "server.log").read_text()[-3000:])
+def start_server(tmp: Path, backbone: Path | str, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    command = [sys.executable, "-m", "memr1.cli", "serve", "--path", str(tmp / "memories"), "--model", str(backbone), *args]
+    return start_listening(command, tmp / "server.log", "/health", env=env)
 
 
 @pytest.fixture(scope="module")
