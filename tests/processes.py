@@ -44,9 +44,10 @@ def free_port() -> int:
 
 
 def start_listening(command: list[str], log: Path, probe: str, cwd: Path = ROOT, env: dict[str, str] | None = None,
-                    timeout_s: float = 300) -> tuple[subprocess.Popen, str]:
+                    timeout_s: float = 300, method: str = "GET") -> tuple[subprocess.Popen, str]:
     """`command --port PORT` (a free loopback port) started with its output in `log`, returned with its
-    URL once `probe` (a path) gets any HTTP answer; the log's tail if it exits or never answers."""
+    URL once `method probe` (a path) gets any HTTP answer; the log's tail if it exits or never answers.
+    (An MCP endpoint is probed by POST: its GET opens an event stream that answers nothing.)"""
     import httpx  # the tests that start servers have it; the others need not import it
 
     port = free_port()
@@ -58,7 +59,7 @@ def start_listening(command: list[str], log: Path, probe: str, cwd: Path = ROOT,
     while time.monotonic() < deadline:
         assert process.poll() is None, log.read_text()[-3000:]
         try:
-            httpx.get(f"{url}{probe}", timeout=1)
+            httpx.request(method, f"{url}{probe}", json={} if method == "POST" else None, timeout=1)
             return process, url
         except httpx.TransportError:
             time.sleep(0.2)

@@ -38,7 +38,7 @@ def backbone(tmp_path_factory) -> Path:
 
 def start(tmp: Path, *args: str) -> tuple[subprocess.Popen, str]:
     """`memr1 ARGS` on a free port, once `/mcp` answers (a 401 too: it is up)."""
-    return start_listening([sys.executable, "-m", "memr1.cli", *args], tmp / "server.log", "/mcp", env=ENV)
+    return start_listening([sys.executable, "-m", "memr1.cli", *args], tmp / "server.log", "/mcp", env=ENV, method="POST")
 
 
 @pytest.fixture(scope="module")
