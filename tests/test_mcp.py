@@ -128,6 +128,15 @@ def test_a_plain_json_rpc_client_without_a_session(served):
     (same,) = rpc(f"{served}/mcp?user_id=maria-rpc", "list_memories", {})["structuredContent"]["results"]
     assert same["id"] == added["id"]
     assert rpc(f"{served}/mcp", "list_memories", {"user_id": "someone-else"})["structuredContent"]["results"] == []
+    # Answer, delete, restore and history as the same plain client; the other user reaches none of it.
+    assert rpc(f"{served}/mcp", "answer", {"question": "Where does Maria volunteer?", "user_id": "maria-rpc"})["structuredContent"]["memories"][0]["id"] == added["id"]
+    refused = rpc(f"{served}/mcp", "delete_memories", {"memory_ids": [added["id"]], "user_id": "someone-else"})
+    assert refused["isError"] and "no such live memory" in refused["content"][0]["text"]
+    assert rpc(f"{served}/mcp", "delete_memories", {"memory_ids": [added["id"]], "user_id": "maria-rpc"})["structuredContent"]["deleted"] == [added["id"]]
+    assert rpc(f"{served}/mcp", "search_memory", {"query": "volunteer", "user_id": "maria-rpc"})["structuredContent"]["results"] == []
+    assert rpc(f"{served}/mcp", "restore", {"memory_id": added["id"], "user_id": "maria-rpc"})["structuredContent"]["id"] == added["id"]
+    history = rpc(f"{served}/mcp", "history", {"memory_id": added["id"], "user_id": "maria-rpc"})["structuredContent"]["history"]
+    assert [row["event"] for row in history] == ["ADD", "DELETE", "RESTORE"]
 
 
 @pytest.mark.parametrize(
