@@ -26,6 +26,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import Field
+
 from memr1.service.gates import MAX_BODY_BYTES, ApiKeyGate, BodyLimit
 from memr1.service.memory import Memory
 from memr1.service.scopes import MemoryNotFound, scope_of
