@@ -127,6 +127,7 @@ class XGrammarConstraint:
         self._xgrammar = xgrammar
         self._matcher = xgrammar.GrammarMatcher(compiled)
         self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
+        self._trial_bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)  # the closing paths' scratch
         self._vocab_size = vocab_size
         self._closers = closers
         self._stop_token_ids = stop_token_ids
@@ -166,7 +167,7 @@ class XGrammarConstraint:
         MAX_CLOSING tokens was found."""
         trial = matcher.fork()
         path: list[int] = []
-        bitmask = self._xgrammar.allocate_token_bitmask(1, self._vocab_size)
+        bitmask = self._trial_bitmask
         while not trial.is_completed():
             if len(path) >= self.MAX_CLOSING:
                 return None
