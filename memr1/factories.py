@@ -34,6 +34,7 @@ from memr1.metrics.judge import EngineJudge, Judge, OpenAICompatibleJudge
 from memr1.modules.answer import AnswerRLModule
 from memr1.modules.base import RLModule
 from memr1.modules.manager import ManagerRLModule
+from memr1.modules.enumerated import ManagerEnumeratedModule
 from memr1.modules.sft import AnswerSFTModule, ManagerSFTModule
 from memr1.rl.algorithms import AlgoConfig
 from memr1.search_teacher import SearchManagerTeacher
@@ -289,8 +290,11 @@ def build_module(cfg: DictConfig) -> RLModule:
     )
     answer = cfg.model.agent == "answer"
     env = build_env(cfg)
-    if not algorithm.trains_on_rollouts:
-        module_class: type[RLModule] = AnswerSFTModule if answer else ManagerSFTModule
+    if algorithm.enumerates_actions:
+        module_class: type[RLModule] = ManagerEnumeratedModule
+        common["trajectories"] = build_trajectories(cfg, env)
+    elif not algorithm.trains_on_rollouts:
+        module_class = AnswerSFTModule if answer else ManagerSFTModule
         common["trajectories"] = build_trajectories(cfg, env)
     else:
         module_class = AnswerRLModule if answer else ManagerRLModule

@@ -196,6 +196,11 @@ def check_train(cfg: DictConfig) -> None:
         raise ValueError("teacher=endpoint needs teacher.url=http://HOST:PORT/v1 and teacher.model=NAME")
     if cfg.algo.name == "sft" and cfg.teacher.kind == "search" and cfg.model.agent != "manager":
         raise ConfigError("teacher=search searches the Memory Manager's operations; use it with model=manager")
+    if algorithm.enumerates_actions and (cfg.model.agent != "manager" or cfg.teacher.kind != "search"):
+        raise ConfigError(
+            f"algo={cfg.algo.name} weighs every operation of the Memory Manager by the score teacher=search gives it; "
+            f"use it with model=manager teacher=search (got model.agent={cfg.model.agent}, teacher.kind={cfg.teacher.kind})"
+        )
 
 
 def check_evaluate(cfg: DictConfig) -> None:

@@ -158,37 +158,46 @@ class TeacherTrajectories:
     def __init__(self, teacher: Teacher, path: str | Path) -> None:
         self.teacher = teacher
         self.path = Path(path)
-        self._targets: dict[str, str] = {}
+        self._rows: dict[str, dict[str, Any]] = {}  # prompt digest -> its cache row
         if self.path.is_file():
             for number, line in enumerate(self.path.read_text().splitlines(), start=1):
                 try:
                     row = json.loads(line)
+                    if not isinstance(row["target"], str):
+                        raise TypeError("target is not text")
                     if row["teacher"] == teacher.name:  # another (older) teacher's targets are asked anew
-                        self._targets[row["key"]] = row["target"]
+                        self._rows[row["key"]] = row
                 except (json.JSONDecodeError, KeyError, TypeError):
                     # A row cut by a kill mid-write: the state is asked again and appended anew.
                     log.warning("%s:%d: unreadable trajectory row skipped", self.path, number)
 
     def __len__(self) -> int:
-        return len(self._targets)
+        return len(self._rows)
 
     def targets(self, states: Sequence[Any], prompts: Sequence[Messages]) -> list[str]:
         """The teacher's target for each state (`prompts[i]` is the prompt of `states[i]`)."""
+        return [row["target"] for row in self._rows_of(states, prompts)]
+
+    def details(self, states: Sequence[Any], prompts: Sequence[Messages]) -> list[dict[str, Any]]:
+        """What each state's target was chosen from (a searching teacher's `Taught.details`; {} for a
+        teacher that says nothing more), asking the teacher where the cache has no row."""
+        return [row.get("details", {}) for row in self._rows_of(states, prompts)]
+
+    def _rows_of(self, states: Sequence[Any], prompts: Sequence[Messages]) -> list[dict[str, Any]]:
         keys = [prompt_digest(messages) for messages in prompts]
-        missing = [(key, state, messages) for key, state, messages in zip(keys, states, prompts) if key not in self._targets]
+        missing = [(key, state, messages) for key, state, messages in zip(keys, states, prompts) if key not in self._rows]
         if missing:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a") as out:
                 for key, state, messages in missing:
-                    if key in self._targets:  # the same prompt twice in one batch
+                    if key in self._rows:  # the same prompt twice in one batch
                         continue
                     taught = self.teacher.target(state, messages)
-                    target = taught if isinstance(taught, str) else taught.text
-                    row = {"key": key, "teacher": self.teacher.name, **state_ids(state), "target": target}
+                    row = {"key": key, "teacher": self.teacher.name, **state_ids(state), "target": taught if isinstance(taught, str) else taught.text}
                     if isinstance(taught, Taught):
                         row["details"] = dict(taught.details)
                     out.write(json.dumps(row) + "\n")
-                    self._targets[key] = target
+                    self._rows[key] = row
                 out.flush()
                 os.fsync(out.fileno())
-        return [self._targets[key] for key in keys]
+        return [self._rows[key] for key in keys]

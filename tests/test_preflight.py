@@ -128,6 +128,11 @@ def test_counterfactual_credit_with_a_group_baseline_is_refused(tmp_path):
         (["algo=dr_grpo", "algo.loss_agg_mode=token-mean"], "Dr. GRPO does not normalise by response length"),
         (["algo.kl_kind=k9"], "algo.kl_kind: 'k9' is not one of"),
         (["algo=grpo", "algo.group_size=1"], "algo.group_size: GRPO compares the samples of a state, it needs at least 2"),
+        (["model=manager", "teacher=search", "algo=enumerated", "algo.group_size=4"],
+         "algo.group_size=4: algo=enumerated does not use algo.group_size: it samples nothing"),
+        (["algo=grpo", "algo.operation_temperature=10"], "algo=grpo does not use algo.operation_temperature: it samples its responses"),
+        (["model=manager", "algo=enumerated"], "use it with model=manager teacher=search (got model.agent=manager, teacher.kind=dataset)"),
+        (["model=answer", "teacher=search", "algo=enumerated"], "weighs every operation of the Memory Manager"),
     ],
 )
 def test_each_algorithm_refuses_the_settings_it_would_ignore_before_torch_loads(tmp_path, overrides, message):

@@ -1,5 +1,5 @@
 """The algorithms memr1 trains with, one object each in one registry (verl's `register_adv_est`):
-GRPO, Dr. GRPO, RLOO, REINFORCE, PPO and Memory-SFT.
+GRPO, Dr. GRPO, RLOO, REINFORCE, PPO, the enumerated policy gradient and Memory-SFT.
 
 An algorithm owns what sets it apart: how many responses it samples per state, whether it needs a
 critic or a reference policy, how it turns rewards into advantages, which settings of `AlgoConfig` it
@@ -83,6 +83,7 @@ class AlgoConfig:
     grad_clip: float = 1.0
     share_prompt: bool = True        # a group's prompt forwarded once, its KV cache shared
     reuse_frozen_trunk: bool = True  # the layers below the adapters run once per token (memr1.llm.trunk)
+    operation_temperature: float = 1.0  # algo=enumerated: q = softmax(log pi(reply) / T) over a state's operations
     filter_groups: FilterGroups = field(default_factory=FilterGroups)
     overlong_buffer: OverlongBuffer = field(default_factory=OverlongBuffer)
 
@@ -121,7 +122,10 @@ class Algorithm:
     title: ClassVar[str]            # how messages name it
     # The settings of AlgoConfig it does not read, each with the reason, which the refusal quotes.
     ignores: ClassVar[Mapping[str, str]] = {}
-    trains_on_rollouts: ClassVar[bool] = True   # False: supervised (Memory-SFT)
+    trains_on_rollouts: ClassVar[bool] = True   # False: no sampled rollouts (Memory-SFT, the enumerated gradient)
+    # True: every action of a state is scored and weighed by its probability (the Manager's operations,
+    # `memr1.modules.enumerated`) instead of sampled.
+    enumerates_actions: ClassVar[bool] = False
     needs_critic: ClassVar[bool] = False
     # A group whose rewards are all equal has zero advantage (what dynamic sampling drops). False where
     # a reward is its own advantage, so a per-state constant (counterfactual credit) survives.
@@ -176,6 +180,8 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
+_SAMPLES = "it samples its responses; the temperature over enumerated operations is algo=enumerated's"
+ENUMERATED_KEYS = {"operation_temperature": _SAMPLES}
 _NO_CRITIC = "it has no critic (PPO's)"
 CRITIC_KEYS = {key: _NO_CRITIC for key in ("critic_lr", "value_clip", "gamma", "lam")}
 _ONE_SAMPLE = "it samples one response per state and has no group"
@@ -195,7 +201,7 @@ class GRPO(Algorithm):
     """G samples per state; each reward against its group's mean, divided by the group's std."""
 
     name, title = "grpo", "GRPO"
-    ignores = CRITIC_KEYS
+    ignores = {**CRITIC_KEYS, **ENUMERATED_KEYS}
 
     def sequence_advantages(self, scores: Tensor, group_ids: Tensor, core: Any) -> Tensor:
         return core.group_advantages(scores, group_ids, norm_by_std=True)
@@ -238,7 +244,7 @@ class Reinforce(GRPO):
     group baseline would cancel that per-state constant."""
 
     name, title = "reinforce", "REINFORCE"
-    ignores = {**CRITIC_KEYS, "filter_groups": "its advantage is the reward itself: a flat group still has a gradient"}
+    ignores = {**CRITIC_KEYS, **ENUMERATED_KEYS, "filter_groups": "its advantage is the reward itself: a flat group still has a gradient"}
     flat_groups_are_zero = False
 
     def sequence_advantages(self, scores: Tensor, group_ids: Tensor, core: Any) -> Tensor:
@@ -251,7 +257,10 @@ class PPO(Algorithm):
     (verl's PPO default)."""
 
     name, title = "ppo", "PPO"
-    ignores = {**GROUP_KEYS, "kl_coef": "it puts no KL term in its loss (verl's PPO)", "kl_kind": "it puts no KL term in its loss (verl's PPO)"}
+    ignores = {
+        **GROUP_KEYS, **ENUMERATED_KEYS,
+        "kl_coef": "it puts no KL term in its loss (verl's PPO)", "kl_kind": "it puts no KL term in its loss (verl's PPO)",
+    }
     needs_critic = True
 
     def advantages(
@@ -276,10 +285,49 @@ class PPO(Algorithm):
         return core.whiten_with_moments(advantages, moments) * mask, returns
 
 
+_NOTHING_SAMPLED = "it samples nothing: every operation of a state is weighed by its probability"
+_EXACT_STEP = "one exact gradient step per batch: no policy ratio, no mini-batches"
+
+
+@register
+class Enumerated(Algorithm):
+    """The exact policy gradient over the Memory Manager's operations (`core.enumerated_objective`):
+    every operation of a state (NONE, ADD, and UPDATE / DELETE of each candidate, as `teacher=search`
+    enumerates and scores them) weighed by the policy's probability, renormalised over them. An
+    operation the policy almost never samples (a 135M Manager's UPDATE) still gets its gradient; the
+    KL to the reference is exact over the same operations."""
+
+    name, title = "enumerated", "the enumerated policy gradient"
+    ignores = {
+        **CRITIC_KEYS,
+        "group_size": _NOTHING_SAMPLED, "filter_groups": _NOTHING_SAMPLED, "temperature": _NOTHING_SAMPLED,
+        "top_p": _NOTHING_SAMPLED, "overlong_buffer": _NOTHING_SAMPLED,
+        "clip_ratio_low": _EXACT_STEP, "clip_ratio_high": _EXACT_STEP, "clip_ratio_c": _EXACT_STEP,
+        "ppo_epochs": _EXACT_STEP, "mini_batch_size": _EXACT_STEP,
+        "micro_batch_size": "a state's operations are one forward (they share its prompt)",
+        "kl_kind": "its KL is exact over the enumerated operations, not an estimator",
+        "entropy_coef": "it has no entropy bonus",
+        "loss_agg_mode": "its objective is one expected reward per state, not a sum over tokens",
+        "reuse_frozen_trunk": "it scores fixed responses; the frozen trunk is recorded by sampling",
+    }
+    trains_on_rollouts = False
+    enumerates_actions = True
+
+    def samples_per_state(self, algo: AlgoConfig) -> int:
+        return 1
+
+    def validate(self, algo: AlgoConfig) -> None:
+        super().validate(algo)
+        if algo.kl_coef < 0:
+            raise ValueError(f"algo.kl_coef: must be >= 0, got {algo.kl_coef}")
+        if algo.operation_temperature <= 0:
+            raise ValueError(f"algo.operation_temperature: must be > 0, got {algo.operation_temperature}")
+
+
 @register
 class SFT(Algorithm):
     """Memory-SFT: the negative log-likelihood of the teacher's targets (`memr1.modules.sft`)."""
 
     name, title = "sft", "Memory-SFT"
-    ignores = {**CRITIC_KEYS, **GROUP_KEYS, **RL_KEYS}
+    ignores = {**CRITIC_KEYS, **GROUP_KEYS, **RL_KEYS, "operation_temperature": _NO_ROLLOUT}
     trains_on_rollouts = False

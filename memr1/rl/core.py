@@ -1,5 +1,6 @@
 """The RL maths of Memory-R1 as pure tensor functions: masked statistics, loss aggregation, GAE,
-GRPO group advantages, the PPO policy and value losses, KL estimators and logit helpers.
+GRPO group advantages, the exact gradient over enumerated actions, the PPO policy and value losses,
+KL estimators and logit helpers.
 
 Conventions (those of verl's ``core_algos.py``):
 
@@ -196,6 +197,63 @@ def sft_loss(
     their mask (bs, L), aggregated like the RL losses (over the whole mini-batch's `denominator` when
     given); prompt tokens never enter it."""
     return aggregate_loss(-logprobs, response_mask, loss_agg_mode, denominator=denominator)
+
+
+# --- the exact gradient over enumerated actions ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EnumeratedObjective:
+    """One state's `enumerated_objective`: `objective` () with its graph; the rest detached."""
+
+    objective: Tensor
+    probs: Tensor            # (n,) q, the policy renormalised over the n actions (and tempered)
+    expected_reward: Tensor  # () E_q[R]
+    kl: Tensor               # () KL(q || q_ref), 0 without a reference
+    set_mass: Tensor         # () sum of pi(a): how much of the policy the n actions hold
+
+
+def enumerated_objective(
+    seq_logprobs: Tensor, rewards: Tensor, ref_seq_logprobs: Tensor | None = None, kl_coef: float = 0.0, temperature: float = 1.0
+) -> EnumeratedObjective:
+    """The expected reward of one state's enumerated actions, every action weighed by its probability
+    instead of sampled: no exploration is needed to reach an action the policy seldom takes.
+
+    seq_logprobs (n,): log pi(a), each action's whole response (EOS included) under the policy, with
+    its graph; rewards (n,): each action's reward; ref_seq_logprobs (n,): the reference policy's.
+
+    q = softmax(seq_logprobs / temperature) is the policy renormalised over the n actions and
+    J = sum_a q(a) R(a) - kl_coef * KL(q || q_ref), q_ref tempered alike. At temperature 1 its gradient
+    is the exact policy gradient over the actions: sum_a q(a) (R(a) - E_q R) grad log pi(a), REINFORCE
+    with every action in and E_q R as the baseline.
+
+    What it optimises, stated:
+    - the policy restricted to these actions: only their log-probabilities relative to each other move;
+      the mass outside them (malformed replies, other texts) is neither rewarded nor pushed down
+      (`set_mass` says how much the set holds);
+    - at temperature T > 1, the expected reward of that policy flattened by T. Whole replies differ by
+      tens of nats, so at T = 1 an action the policy gives e^-30 gets e^-30 of the push, however good
+      it is; flattened, it gets a share. Without KL the maximiser is unchanged (all mass on the best
+      action); with kl_coef = b > 0 it is q* proportional to q_ref * exp(R / b) in the tempered terms.
+    """
+    _require_rank(seq_logprobs, "seq_logprobs", 1, "(n,)")
+    _require_same_shape(seq_logprobs=seq_logprobs, rewards=rewards)
+    if temperature <= 0:
+        raise ValueError(f"enumerated_objective: temperature must be > 0, got {temperature}")
+    log_q = torch.log_softmax(seq_logprobs.float() / temperature, dim=0)
+    q = log_q.exp()
+    expected = (q * rewards.float()).sum()
+    kl = torch.zeros((), device=seq_logprobs.device)
+    if ref_seq_logprobs is not None:
+        _require_same_shape(seq_logprobs=seq_logprobs, ref_seq_logprobs=ref_seq_logprobs)
+        kl = (q * (log_q - torch.log_softmax(ref_seq_logprobs.float() / temperature, dim=0))).sum()
+    return EnumeratedObjective(
+        objective=expected - kl_coef * kl,
+        probs=q.detach(),
+        expected_reward=expected.detach(),
+        kl=kl.detach(),
+        set_mass=torch.logsumexp(seq_logprobs.detach().float(), dim=0).exp(),
+    )
 
 
 # --- rewards and advantages ------------------------------------------------------------------------
