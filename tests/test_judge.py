@@ -70,3 +70,41 @@ def test_an_unreachable_endpoint_names_itself():
     judge = OpenAICompatibleJudge("http://127.0.0.1:9/v1", "m", timeout_s=2)
     with pytest.raises(ConnectionError, match="127.0.0.1:9/v1/chat/completions"):
         judge(["q"], ["a"], ["a"])
+
+
+class _BrokenEndpoint(BaseHTTPRequestHandler):
+    """Answers every request with `reply` and `status`, counting the requests."""
+
+    status, reply, calls = 200, b"{}", 0
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).calls += 1
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.reply)))
+        self.end_headers()
+        self.wfile.write(self.reply)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("status", "reply", "error", "message", "calls"),
+    [
+        (200, b'{"unexpected": true}', ValueError, "unexpected reply", 1),  # no choices: named, not a KeyError
+        (400, b'{"error": {"message": "bad model"}}', ConnectionError, "HTTP 400", 1),  # a 4xx fails at once
+    ],
+)
+def test_a_reply_the_client_cannot_use_names_the_endpoint(status, reply, error, message, calls):
+    _BrokenEndpoint.status, _BrokenEndpoint.reply, _BrokenEndpoint.calls = status, reply, 0
+    server = HTTPServer(("127.0.0.1", 0), _BrokenEndpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        judge = OpenAICompatibleJudge(f"http://127.0.0.1:{server.server_port}/v1", "m", timeout_s=5)
+        with pytest.raises(error, match=message) as raised:
+            judge(["q"], ["a"], ["a"])
+    finally:
+        server.shutdown()
+    assert f"127.0.0.1:{server.server_port}/v1/chat/completions" in str(raised.value) and _BrokenEndpoint.calls == calls

@@ -182,7 +182,6 @@ def test_trajectories_are_cached_with_provenance_and_read_back(tmp_path):
 def test_an_unreachable_teacher_endpoint_fails_with_its_address():
     url = f"http://127.0.0.1:{free_port()}/v1"
     teacher = EndpointTeacher(url, "big-model")
-    teacher.client.retries = 0
     with pytest.raises(EndpointError, match=f"127.0.0.1:{url.split(':')[-1]}"):
         teacher.target(None, [{"role": "user", "content": "hi"}])
     with pytest.raises(ValueError, match="teacher.url and teacher.model"):

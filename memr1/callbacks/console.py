@@ -18,6 +18,12 @@ STEP_FIELDS = (
     ("reward/mean", "reward", "{:.3f}"),
     ("train/probe_reward", "probe", "{:.3f}"),
     ("reward/zero_std_group_frac", "zero-spread", "{:.2f}"),
+    ("enum/states_with_spread", "spread", "{:.2f}"),
+    # The Manager's operation mix: sampled (GRPO), or the policy's probability (algo=enumerated).
+    ("ops/add_frac", "add", "{:.2f}"),
+    ("ops/update_frac", "update", "{:.2f}"),
+    ("ops/delete_frac", "delete", "{:.2f}"),
+    ("ops/noop_frac", "noop", "{:.2f}"),
     ("response/format_error_rate", "format-err", "{:.2f}"),
     ("response/missing_memory_list_frac", "no-memory-list", "{:.2f}"),
     ("response/length_mean", "len", "{:.1f}"),
