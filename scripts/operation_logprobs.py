@@ -1,0 +1,71 @@
+"""How sure a Manager policy is of one operation: log pi of every operation's reply (the search
+teacher's options) on training states, and the share q(T) = softmax(log pi / T) leaves to the
+operations other than the policy's likeliest, for a few temperatures. Chooses `algo.operation_temperature`
+on training states, before any run (conf/algo/enumerated.yaml).
+
+    .venv/bin/python scripts/operation_logprobs.py experiment=cpu_lift/manager data=knowledge_update \\
+        manager.ckpt=<SFT>/policy/last --states 12 --out results/manager/operation_logprobs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from data_modules.rl_states import RLStatesDataModule  # noqa: E402
+from machine import machine_info  # noqa: E402  (benchmarks/machine.py)
+from memr1.factories import build_env, frozen_policy  # noqa: E402
+from memr1.llm.engines import encode_prompts  # noqa: E402
+from memr1.rl.batch import pack_rollouts, response_logprobs  # noqa: E402
+from memr1.search_teacher import label, options  # noqa: E402
+
+TEMPERATURES = (1.0, 3.0, 10.0, 30.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="train.py overrides (KEY=VALUE)")
+    parser.add_argument("--states", type=int, default=12)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["model=manager", *args.overrides])
+    data = RLStatesDataModule.from_config(cfg)
+    data.setup()
+    states = data.train_states
+    picked = [states[int(i)] for i in np.random.default_rng(cfg.seed).permutation(len(states))[: args.states]]
+    env = build_env(cfg)
+    policy, tokenizer = frozen_policy(cfg.backbone.name_or_path, "float32", cfg.manager.ckpt)
+    rows = []
+    for state in picked:
+        found = options(state)
+        replies = [tokenizer(o.reply, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for o in found]
+        (prompt,) = encode_prompts(tokenizer, [env.prompt(state)])
+        batch = pack_rollouts([prompt] * len(found), replies, [0.0] * len(found), tokenizer.pad_token_id)
+        with torch.no_grad():
+            logprobs, _ = response_logprobs(policy, batch)
+        sequence = (logprobs * batch.response_mask).sum(-1)
+        others = {t: 1.0 - float(torch.softmax(sequence / t, 0).max()) for t in TEMPERATURES}
+        rows.append({"logprobs": dict(zip(map(label, found), [round(x, 2) for x in sequence.tolist()])), "others_share": others})
+    summary = {str(t): statistics.fmean(r["others_share"][t] for r in rows) for t in TEMPERATURES}
+    print("mean share left to the operations other than the likeliest, by temperature:", json.dumps(summary))
+    if args.out:
+        args.out.write_text(json.dumps({"command": " ".join(sys.argv), "others_share_mean": summary, "states": rows,
+                                        "machine": machine_info(load_before, os.getloadavg()[0])}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
