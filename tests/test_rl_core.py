@@ -429,6 +429,54 @@ def test_the_enumerated_objective_and_its_gradient_by_hand():
     assert float(shrunk.set_mass) == pytest.approx(0.1) and tenth.grad.tolist() == pytest.approx([-0.1875, 0.15625, 0.03125])
 
 
+def test_the_set_mass_term_by_hand():
+    # pi = (0.05, 0.05) over the actions, so m = 0.1; R = (1, 0), q = (1/2, 1/2), coefficient 2:
+    # J = 1/2 + 2 log 0.1, and dJ/dlog pi(a) = q(a) (R(a) - 1/2) + 2 pi(a) / m = (1/4 + 1, -1/4 + 1).
+    logprobs = torch.tensor([0.05, 0.05]).log().requires_grad_()
+    result = enumerated_objective(logprobs, torch.tensor([1.0, 0.0]), set_mass_coef=2.0)
+    result.objective.backward()
+    assert float(result.objective.detach()) == pytest.approx(0.5 + 2 * math.log(0.1))
+    assert logprobs.grad.tolist() == pytest.approx([1.25, 0.75])
+    with pytest.raises(ValueError, match="set_mass_coef must be >= 0"):
+        enumerated_objective(logprobs, torch.tensor([1.0, 0.0]), set_mass_coef=-1.0)
+
+
+def test_the_set_mass_term_stops_shared_weights_from_emptying_the_set():
+    # Three replies with logits (0, t, 2t): the actions are the first two (R = 0, 1), the third is
+    # outside (a malformed reply). Raising t is the only way to prefer the better action, and it feeds
+    # the outside reply twice as fast: the renormalised objective alone empties the set. With c log m
+    # the optimum is where d/dt [s(t) + c log m(t)] = 0, s the sigmoid and
+    # d log m / dt = s(t) - (e^t + 2 e^2t) / (1 + e^t + e^2t): found here by bisection.
+    rewards, coef = torch.tensor([0.0, 1.0]), 0.1
+
+    def ascend(set_mass_coef: float) -> float:
+        t = torch.zeros((), requires_grad=True)
+        optimizer = torch.optim.SGD([t], lr=1.0)
+        for _ in range(4000):
+            optimizer.zero_grad()
+            logprobs = torch.log_softmax(torch.stack([torch.zeros(()), t, 2 * t]), dim=0)[:2]
+            (-enumerated_objective(logprobs, rewards, set_mass_coef=set_mass_coef).objective).backward()
+            optimizer.step()
+        return float(t.detach())
+
+    def slope(t: float) -> float:
+        s = 1 / (1 + math.exp(-t))
+        return s * (1 - s) + coef * (s - (math.exp(t) + 2 * math.exp(2 * t)) / (1 + math.exp(t) + math.exp(2 * t)))
+
+    low, high = 0.0, 10.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if slope(middle) > 0 else (low, middle)
+    optimum = (low + high) / 2
+
+    def set_mass(t: float) -> float:
+        return (1 + math.exp(t)) / (1 + math.exp(t) + math.exp(2 * t))
+
+    assert set_mass(ascend(0.0)) < 0.01
+    held = ascend(coef)
+    assert held == pytest.approx(optimum, abs=1e-3) and set_mass(held) > 0.09
+
+
 def test_the_enumerated_kl_by_hand():
     # q = (1/2, 1/2), q_ref = (1/4, 3/4): KL = 1/2 log 2 + 1/2 log(2/3).
     result = enumerated_objective(torch.tensor([0.0, 0.0]), torch.tensor([1.0, 0.0]), torch.tensor([0.25, 0.75]).log(), kl_coef=0.5)

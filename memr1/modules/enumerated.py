@@ -11,7 +11,8 @@ DELETE (docs/cpu_lift.md). Here nothing is sampled. One step, per state of the b
 3. each reply's log-probability under the policy (teacher-forced, the state's prompt forwarded once),
    and under the reference for the KL;
 4. `core.enumerated_objective`: the expected reward under the policy renormalised over the operations,
-   less the KL; its gradient, accumulated over the batch's states, is one clipped optimiser step.
+   less the KL, plus the log of the probability the operations hold together; its gradient,
+   accumulated over the batch's states, is one clipped optimiser step.
 
 A reply longer than the Manager's `max_new_tokens` is left out: the policy cannot say it. The step logs
 the probability each kind of operation holds (`ops/*_frac`, GRPO's keys: what sampling would draw, in
@@ -71,7 +72,12 @@ class ManagerEnumeratedModule(ManagerRLModule):
                     with torch.no_grad(), self._reference() as frozen:
                         reference = self._sequence_logprobs(frozen, batch)
                 result = core.enumerated_objective(
-                    self._sequence_logprobs(self.policy, batch), rewards, reference, self.algo.kl_coef, self.algo.operation_temperature
+                    self._sequence_logprobs(self.policy, batch),
+                    rewards,
+                    reference,
+                    kl_coef=self.algo.kl_coef,
+                    temperature=self.algo.operation_temperature,
+                    set_mass_coef=self.algo.set_mass_coef,
                 )
                 self.manual_backward(-result.objective / len(states))  # the batch's mean objective
                 fault_point("micro_batch")

@@ -84,6 +84,7 @@ class AlgoConfig:
     share_prompt: bool = True        # a group's prompt forwarded once, its KV cache shared
     reuse_frozen_trunk: bool = True  # the layers below the adapters run once per token (memr1.llm.trunk)
     operation_temperature: float = 1.0  # algo=enumerated: q = softmax(log pi(reply) / T) over a state's operations
+    set_mass_coef: float = 0.0          # algo=enumerated: weight of log sum_a pi(a), the operations' share of the policy
     filter_groups: FilterGroups = field(default_factory=FilterGroups)
     overlong_buffer: OverlongBuffer = field(default_factory=OverlongBuffer)
 
@@ -180,8 +181,8 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
-_SAMPLES = "it samples its responses; the temperature over enumerated operations is algo=enumerated's"
-ENUMERATED_KEYS = {"operation_temperature": _SAMPLES}
+_SAMPLES = "it samples its responses; the objective over enumerated operations is algo=enumerated's"
+ENUMERATED_KEYS = {"operation_temperature": _SAMPLES, "set_mass_coef": _SAMPLES}
 _NO_CRITIC = "it has no critic (PPO's)"
 CRITIC_KEYS = {key: _NO_CRITIC for key in ("critic_lr", "value_clip", "gamma", "lam")}
 _ONE_SAMPLE = "it samples one response per state and has no group"
@@ -322,6 +323,8 @@ class Enumerated(Algorithm):
             raise ValueError(f"algo.kl_coef: must be >= 0, got {algo.kl_coef}")
         if algo.operation_temperature <= 0:
             raise ValueError(f"algo.operation_temperature: must be > 0, got {algo.operation_temperature}")
+        if algo.set_mass_coef < 0:
+            raise ValueError(f"algo.set_mass_coef: must be >= 0, got {algo.set_mass_coef}")
 
 
 @register
@@ -329,5 +332,5 @@ class SFT(Algorithm):
     """Memory-SFT: the negative log-likelihood of the teacher's targets (`memr1.modules.sft`)."""
 
     name, title = "sft", "Memory-SFT"
-    ignores = {**CRITIC_KEYS, **GROUP_KEYS, **RL_KEYS, "operation_temperature": _NO_ROLLOUT}
+    ignores = {**CRITIC_KEYS, **GROUP_KEYS, **RL_KEYS, "operation_temperature": _NO_ROLLOUT, "set_mass_coef": _NO_ROLLOUT}
     trains_on_rollouts = False

@@ -214,7 +214,12 @@ class EnumeratedObjective:
 
 
 def enumerated_objective(
-    seq_logprobs: Tensor, rewards: Tensor, ref_seq_logprobs: Tensor | None = None, kl_coef: float = 0.0, temperature: float = 1.0
+    seq_logprobs: Tensor,
+    rewards: Tensor,
+    ref_seq_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+    temperature: float = 1.0,
+    set_mass_coef: float = 0.0,
 ) -> EnumeratedObjective:
     """The expected reward of one state's enumerated actions, every action weighed by its probability
     instead of sampled: no exploration is needed to reach an action the policy seldom takes.
@@ -223,14 +228,19 @@ def enumerated_objective(
     its graph; rewards (n,): each action's reward; ref_seq_logprobs (n,): the reference policy's.
 
     q = softmax(seq_logprobs / temperature) is the policy renormalised over the n actions and
-    J = sum_a q(a) R(a) - kl_coef * KL(q || q_ref), q_ref tempered alike. At temperature 1 its gradient
-    is the exact policy gradient over the actions: sum_a q(a) (R(a) - E_q R) grad log pi(a), REINFORCE
-    with every action in and E_q R as the baseline.
+    J = sum_a q(a) R(a) - kl_coef * KL(q || q_ref) + set_mass_coef * log m, q_ref tempered alike and
+    m = sum_a pi(a) the probability that the reply is one of the actions. At temperature 1 the first
+    term's gradient is the exact policy gradient over the actions: sum_a q(a) (R(a) - E_q R) grad log
+    pi(a), REINFORCE with every action in and E_q R as the baseline.
 
     What it optimises, stated:
-    - the policy restricted to these actions: only their log-probabilities relative to each other move;
-      the mass outside them (malformed replies, other texts) is neither rewarded nor pushed down
-      (`set_mass` says how much the set holds);
+    - the policy restricted to these actions: the first two terms move only their log-probabilities
+      relative to each other. The mass outside them (malformed replies, other texts) is neither
+      rewarded nor pushed down by those terms, and with shared weights it can grow while they climb (a
+      Manager whose greedy replies leave its operations). log m, the log-likelihood of "one of the
+      actions", holds it: its gradient sum_a (pi(a) / m) grad log pi(a) raises each action by its share
+      of m, so it also favours the likeliest; its coefficient trades that against the first term's
+      moves. set_mass_coef = 0 drops it;
     - at temperature T > 1, the expected reward of that policy flattened by T. Whole replies differ by
       tens of nats, so at T = 1 an action the policy gives e^-30 gets e^-30 of the push, however good
       it is; flattened, it gets a share. Without KL the maximiser is unchanged (all mass on the best
@@ -240,6 +250,8 @@ def enumerated_objective(
     _require_same_shape(seq_logprobs=seq_logprobs, rewards=rewards)
     if temperature <= 0:
         raise ValueError(f"enumerated_objective: temperature must be > 0, got {temperature}")
+    if set_mass_coef < 0:
+        raise ValueError(f"enumerated_objective: set_mass_coef must be >= 0, got {set_mass_coef}")
     log_q = torch.log_softmax(seq_logprobs.float() / temperature, dim=0)
     q = log_q.exp()
     expected = (q * rewards.float()).sum()
@@ -247,12 +259,13 @@ def enumerated_objective(
     if ref_seq_logprobs is not None:
         _require_same_shape(seq_logprobs=seq_logprobs, ref_seq_logprobs=ref_seq_logprobs)
         kl = (q * (log_q - torch.log_softmax(ref_seq_logprobs.float() / temperature, dim=0))).sum()
+    log_set_mass = torch.logsumexp(seq_logprobs.float(), dim=0)
     return EnumeratedObjective(
-        objective=expected - kl_coef * kl,
+        objective=expected - kl_coef * kl + set_mass_coef * log_set_mass,
         probs=q.detach(),
         expected_reward=expected.detach(),
         kl=kl.detach(),
-        set_mass=torch.logsumexp(seq_logprobs.detach().float(), dim=0).exp(),
+        set_mass=log_set_mass.detach().exp(),
     )
 
 
