@@ -174,6 +174,14 @@ def test_every_algorithm_sets_every_field_once(algo):
     check_typed_groups(cfg)
 
 
+def test_gspo_is_a_preset_of_grpo_over_its_own_policy_loss():
+    cfg = compose_config("train", ["algo=gspo"])
+    algo = algo_config(cfg)
+    assert (algo.name, algo.policy_loss, algo.loss_agg_mode) == ("grpo", "gspo", "seq-mean-token-mean")
+    assert (algo.clip_ratio_low, algo.clip_ratio_high) == (3.0e-4, 4.0e-4)
+    check_typed_groups(cfg)
+
+
 def test_a_misspelt_key_is_named_with_the_nearest_field():
     cfg = compose_config("train", ["+algo.actr_lr=1"])
     with pytest.raises(ConfigError, match=r"algo.actr_lr: no such key in algo \(AlgoConfig\); did you mean algo.actor_lr\?"):

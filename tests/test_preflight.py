@@ -131,6 +131,8 @@ def test_counterfactual_credit_with_a_group_baseline_is_refused(tmp_path):
         (["model=manager", "teacher=search", "algo=enumerated", "algo.group_size=4"],
          "algo.group_size=4: algo=enumerated does not use algo.group_size: it samples nothing"),
         (["algo=grpo", "algo.operation_temperature=10"], "algo=grpo does not use algo.operation_temperature: it samples its responses"),
+        (["algo=sft", "algo.policy_loss=gspo"], "algo.policy_loss=gspo: algo=sft does not use algo.policy_loss: it trains on the teacher's targets"),
+        (["algo=grpo", "algo.policy_loss=cispo"], "algo.policy_loss: 'cispo' is not one of memr1's (gspo, vanilla) nor an importable module path"),
         (["model=manager", "algo=enumerated"], "use it with model=manager teacher=search (got model.agent=manager, teacher.kind=dataset)"),
         (["model=answer", "teacher=search", "algo=enumerated"], "weighs every operation of the Memory Manager"),
     ],

@@ -430,32 +430,46 @@ def test_the_enumerated_objective_and_its_gradient_by_hand():
 
 
 def test_the_set_mass_term_by_hand():
-    # pi = (0.05, 0.05) over the actions, so m = 0.1; R = (1, 0), q = (1/2, 1/2), coefficient 2:
-    # J = 1/2 + 2 log 0.1, and dJ/dlog pi(a) = q(a) (R(a) - 1/2) + 2 pi(a) / m = (1/4 + 1, -1/4 + 1).
+    # pi = (0.05, 0.05) over the actions, so m = 0.1; R = (1, 0), q = (1/2, 1/2), coefficient 2. The
+    # reference held m_ref = 0.5, more: J = 1/2 + 2 (log 0.1 - log 0.5), and dJ/dlog pi(a) =
+    # q(a) (R(a) - 1/2) + 2 pi(a) / m = (1/4 + 1, -1/4 + 1). (The KL is 0: q and q_ref are both uniform.)
+    rewards = torch.tensor([1.0, 0.0])
     logprobs = torch.tensor([0.05, 0.05]).log().requires_grad_()
-    result = enumerated_objective(logprobs, torch.tensor([1.0, 0.0]), set_mass_coef=2.0)
+    result = enumerated_objective(logprobs, rewards, torch.tensor([0.25, 0.25]).log(), set_mass_coef=2.0)
     result.objective.backward()
-    assert float(result.objective.detach()) == pytest.approx(0.5 + 2 * math.log(0.1))
+    assert float(result.objective.detach()) == pytest.approx(0.5 + 2 * math.log(0.2))
     assert logprobs.grad.tolist() == pytest.approx([1.25, 0.75])
+    # A reference that held less (m_ref = 0.02): the term is 0, and so is its gradient.
+    logprobs.grad = None
+    result = enumerated_objective(logprobs, rewards, torch.tensor([0.01, 0.01]).log(), set_mass_coef=2.0)
+    result.objective.backward()
+    assert float(result.objective.detach()) == pytest.approx(0.5) and logprobs.grad.tolist() == pytest.approx([0.25, -0.25])
     with pytest.raises(ValueError, match="set_mass_coef must be >= 0"):
-        enumerated_objective(logprobs, torch.tensor([1.0, 0.0]), set_mass_coef=-1.0)
+        enumerated_objective(logprobs, rewards, set_mass_coef=-1.0)
+    with pytest.raises(ValueError, match="pass ref_seq_logprobs"):
+        enumerated_objective(logprobs, rewards, set_mass_coef=1.0)
 
 
 def test_the_set_mass_term_stops_shared_weights_from_emptying_the_set():
     # Three replies with logits (0, t, 2t): the actions are the first two (R = 0, 1), the third is
     # outside (a malformed reply). Raising t is the only way to prefer the better action, and it feeds
-    # the outside reply twice as fast: the renormalised objective alone empties the set. With c log m
+    # the outside reply twice as fast: the renormalised objective alone empties the set. The reference
+    # is the start, t = 0, and m falls for every t > 0, so there the term is c (log m(t) - log m(0)) and
     # the optimum is where d/dt [s(t) + c log m(t)] = 0, s the sigmoid and
     # d log m / dt = s(t) - (e^t + 2 e^2t) / (1 + e^t + e^2t): found here by bisection.
     rewards, coef = torch.tensor([0.0, 1.0]), 0.1
+
+    def log_pi(t: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(torch.stack([torch.zeros(()), t, 2 * t]), dim=0)[:2]
+
+    reference = log_pi(torch.zeros(()))
 
     def ascend(set_mass_coef: float) -> float:
         t = torch.zeros((), requires_grad=True)
         optimizer = torch.optim.SGD([t], lr=1.0)
         for _ in range(4000):
             optimizer.zero_grad()
-            logprobs = torch.log_softmax(torch.stack([torch.zeros(()), t, 2 * t]), dim=0)[:2]
-            (-enumerated_objective(logprobs, rewards, set_mass_coef=set_mass_coef).objective).backward()
+            (-enumerated_objective(log_pi(t), rewards, reference, set_mass_coef=set_mass_coef).objective).backward()
             optimizer.step()
         return float(t.detach())
 

@@ -24,6 +24,7 @@ STEP_FIELDS = (
     ("ops/update_frac", "update", "{:.2f}"),
     ("ops/delete_frac", "delete", "{:.2f}"),
     ("ops/noop_frac", "noop", "{:.2f}"),
+    ("enum/set_mass", "set-mass", "{:.3f}"),
     ("response/format_error_rate", "format-err", "{:.2f}"),
     ("response/missing_memory_list_frac", "no-memory-list", "{:.2f}"),
     ("response/length_mean", "len", "{:.1f}"),

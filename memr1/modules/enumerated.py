@@ -9,10 +9,10 @@ DELETE (docs/cpu_lift.md). Here nothing is sampled. One step, per state of the b
    as RL), searched once per state and cached with the targets (`TeacherTrajectories.details`). The
    answerer is greedy and frozen, so a cached score is the reward itself, not an estimate;
 3. each reply's log-probability under the policy (teacher-forced, the state's prompt forwarded once),
-   and under the reference for the KL;
+   and under the reference for the KL and the operations' total probability;
 4. `core.enumerated_objective`: the expected reward under the policy renormalised over the operations,
-   less the KL, plus the log of the probability the operations hold together; its gradient,
-   accumulated over the batch's states, is one clipped optimiser step.
+   less the KL, less what the operations' total probability lost below the reference's (in log); its
+   gradient, accumulated over the batch's states, is one clipped optimiser step.
 
 A reply longer than the Manager's `max_new_tokens` is left out: the policy cannot say it. The step logs
 the probability each kind of operation holds (`ops/*_frac`, GRPO's keys: what sampling would draw, in
@@ -68,7 +68,7 @@ class ManagerEnumeratedModule(ManagerRLModule):
                     continue
                 rewards = batch.scores.float()
                 reference = None
-                if self.algorithm.uses_reference(self.algo):
+                if self.algorithm.uses_reference(self.algo) or self.algo.set_mass_coef > 0:
                     with torch.no_grad(), self._reference() as frozen:
                         reference = self._sequence_logprobs(frozen, batch)
                 result = core.enumerated_objective(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from memr1.config import KL_KINDS, LOSS_AGG_MODES
+from memr1.rl import policy_losses
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -70,6 +71,7 @@ class AlgoConfig:
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0        # dual-clip bound for negative advantages
+    policy_loss: str = "vanilla"     # a module of memr1.rl.policy_losses, or a dotted module path
     value_clip: float = 0.5
     gamma: float = 1.0
     lam: float = 1.0
@@ -84,7 +86,7 @@ class AlgoConfig:
     share_prompt: bool = True        # a group's prompt forwarded once, its KV cache shared
     reuse_frozen_trunk: bool = True  # the layers below the adapters run once per token (memr1.llm.trunk)
     operation_temperature: float = 1.0  # algo=enumerated: q = softmax(log pi(reply) / T) over a state's operations
-    set_mass_coef: float = 0.0          # algo=enumerated: weight of log sum_a pi(a), the operations' share of the policy
+    set_mass_coef: float = 0.0          # algo=enumerated: weight of the operations' total probability lost below the reference's
     filter_groups: FilterGroups = field(default_factory=FilterGroups)
     overlong_buffer: OverlongBuffer = field(default_factory=OverlongBuffer)
 
@@ -147,6 +149,8 @@ class Algorithm:
             raise ValueError(f"algo.kl_kind: {algo.kl_kind!r} is not one of {KL_KINDS}")
         if self.trains_on_rollouts and algo.ppo_epochs < 1:
             raise ValueError(f"algo.ppo_epochs: must be >= 1, got {algo.ppo_epochs}")
+        if "policy_loss" not in self.ignores:
+            policy_losses.check(algo.policy_loss)
 
     def advantages(
         self,
@@ -192,7 +196,7 @@ RL_KEYS = {
     key: _NO_ROLLOUT
     for key in (
         "temperature", "top_p", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "kl_coef", "kl_kind",
-        "entropy_coef", "ppo_epochs", "mini_batch_size", "reuse_frozen_trunk", "overlong_buffer",
+        "entropy_coef", "ppo_epochs", "mini_batch_size", "reuse_frozen_trunk", "overlong_buffer", "policy_loss",
     )
 }
 
@@ -304,7 +308,7 @@ class Enumerated(Algorithm):
         "group_size": _NOTHING_SAMPLED, "filter_groups": _NOTHING_SAMPLED, "temperature": _NOTHING_SAMPLED,
         "top_p": _NOTHING_SAMPLED, "overlong_buffer": _NOTHING_SAMPLED,
         "clip_ratio_low": _EXACT_STEP, "clip_ratio_high": _EXACT_STEP, "clip_ratio_c": _EXACT_STEP,
-        "ppo_epochs": _EXACT_STEP, "mini_batch_size": _EXACT_STEP,
+        "ppo_epochs": _EXACT_STEP, "mini_batch_size": _EXACT_STEP, "policy_loss": _EXACT_STEP,
         "micro_batch_size": "a state's operations are one forward (they share its prompt)",
         "kl_kind": "its KL is exact over the enumerated operations, not an estimator",
         "entropy_coef": "it has no entropy bonus",

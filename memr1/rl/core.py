@@ -228,19 +228,21 @@ def enumerated_objective(
     its graph; rewards (n,): each action's reward; ref_seq_logprobs (n,): the reference policy's.
 
     q = softmax(seq_logprobs / temperature) is the policy renormalised over the n actions and
-    J = sum_a q(a) R(a) - kl_coef * KL(q || q_ref) + set_mass_coef * log m, q_ref tempered alike and
-    m = sum_a pi(a) the probability that the reply is one of the actions. At temperature 1 the first
-    term's gradient is the exact policy gradient over the actions: sum_a q(a) (R(a) - E_q R) grad log
-    pi(a), REINFORCE with every action in and E_q R as the baseline.
+    J = sum_a q(a) R(a) - kl_coef * KL(q || q_ref) + set_mass_coef * min(0, log m - log m_ref), q_ref
+    tempered alike, m = sum_a pi(a) the probability that the reply is one of the actions and m_ref the
+    reference's. At temperature 1 the first term's gradient is the exact policy gradient over the
+    actions: sum_a q(a) (R(a) - E_q R) grad log pi(a), REINFORCE with every action in and E_q R as the
+    baseline.
 
     What it optimises, stated:
     - the policy restricted to these actions: the first two terms move only their log-probabilities
       relative to each other. The mass outside them (malformed replies, other texts) is neither
       rewarded nor pushed down by those terms, and with shared weights it can grow while they climb (a
-      Manager whose greedy replies leave its operations). log m, the log-likelihood of "one of the
-      actions", holds it: its gradient sum_a (pi(a) / m) grad log pi(a) raises each action by its share
-      of m, so it also favours the likeliest; its coefficient trades that against the first term's
-      moves. set_mass_coef = 0 drops it;
+      Manager whose greedy replies leave its operations). The third term holds it where it fell below
+      the reference's: there its gradient is that of log m, the log-likelihood of "one of the actions",
+      sum_a (pi(a) / m) grad log pi(a). That gradient raises each action by its share of m, so it
+      favours the likeliest; kept on everywhere it pinned a Manager to its ADD (UPDATE's share 7% ->
+      1% in 7 steps), hence only below the reference. set_mass_coef = 0 drops it;
     - at temperature T > 1, the expected reward of that policy flattened by T. Whole replies differ by
       tens of nats, so at T = 1 an action the policy gives e^-30 gets e^-30 of the push, however good
       it is; flattened, it gets a share. Without KL the maximiser is unchanged (all mass on the best
@@ -256,12 +258,16 @@ def enumerated_objective(
     q = log_q.exp()
     expected = (q * rewards.float()).sum()
     kl = torch.zeros((), device=seq_logprobs.device)
+    mass_term = torch.zeros((), device=seq_logprobs.device)
+    log_set_mass = torch.logsumexp(seq_logprobs.float(), dim=0)
     if ref_seq_logprobs is not None:
         _require_same_shape(seq_logprobs=seq_logprobs, ref_seq_logprobs=ref_seq_logprobs)
         kl = (q * (log_q - torch.log_softmax(ref_seq_logprobs.float() / temperature, dim=0))).sum()
-    log_set_mass = torch.logsumexp(seq_logprobs.float(), dim=0)
+        mass_term = (log_set_mass - torch.logsumexp(ref_seq_logprobs.float(), dim=0)).clamp(max=0.0)
+    elif set_mass_coef > 0:
+        raise ValueError("enumerated_objective: set_mass_coef > 0 holds the mass at the reference's: pass ref_seq_logprobs")
     return EnumeratedObjective(
-        objective=expected - kl_coef * kl + set_mass_coef * log_set_mass,
+        objective=expected - kl_coef * kl + set_mass_coef * mass_term,
         probs=q.detach(),
         expected_reward=expected.detach(),
         kl=kl.detach(),

@@ -4,7 +4,8 @@ shuffled mini-batches, gradients accumulated over micro-batches, one optimiser s
 Each mini-batch's loss is divided by its own token (or sequence) count, counted once over every
 micro-batch and rank (`core.LossDenominator`), so the gradient is the same however the rows are split
 into micro-batches or data-parallel ranks. The forwards, the backward and the optimiser steps are the
-`Learner`'s (the Lightning module); this file owns the loop and the loss.
+`Learner`'s (the Lightning module); this file owns the loop and the loss (the policy term is
+`algo.policy_loss`'s, `memr1.rl.policy_losses`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Protocol
 import torch
 
 from memr1.faults import fault_point
-from memr1.rl import core
+from memr1.rl import core, policy_losses
 from memr1.rl.algorithms import AlgoConfig
 from memr1.rl.batch import RolloutBatch
 
@@ -72,6 +73,7 @@ def update_actor_critic(
     returns filled in; old log-probs may be None for a `single_pass` update), shuffled by whole groups
     of `group_size` rows into mini-batches of `algo.mini_batch_size` rows (0: the whole batch). Returns
     the mean of each logged statistic over the mini-batches; the per-token ones weighted by tokens."""
+    policy_loss = policy_losses.load(algo.policy_loss)
     mini_size = algo.mini_batch_size or len(batch)
     if batch.old_logprobs is None and not single_pass(algo, len(batch)):
         raise ValueError("old log-probs are needed: the update makes more than one pass over the batch")
@@ -94,17 +96,7 @@ def update_actor_critic(
             share = float(mask.sum()) / local_tokens  # of this rank's tokens: weights the logged means
             logprobs, entropy = learner.policy_logprobs(micro)
             old_logprobs = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
-            pg_loss, pg_stats = core.policy_loss(
-                logprobs,
-                old_logprobs,
-                micro.advantages,
-                mask,
-                clip_ratio_low=algo.clip_ratio_low,
-                clip_ratio_high=algo.clip_ratio_high,
-                clip_ratio_c=algo.clip_ratio_c,
-                loss_agg_mode=algo.loss_agg_mode,
-                denominator=denominator,
-            )
+            pg_loss, pg_stats = policy_loss(logprobs, old_logprobs, micro.advantages, mask, algo, denominator)
             entropy_loss = core.aggregate_loss(entropy, mask, algo.loss_agg_mode, denominator=denominator)
             loss = pg_loss - algo.entropy_coef * entropy_loss
             parts = {"policy_loss": pg_loss, "entropy": entropy_loss}
