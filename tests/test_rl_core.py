@@ -16,6 +16,7 @@ from memr1.rl.core import (
     compute_gae,
     entropy_from_logits,
     enumerated_objective,
+    enumerated_projection,
     explained_variance,
     group_advantages,
     groups_with_spread,
@@ -489,6 +490,40 @@ def test_the_set_mass_term_stops_shared_weights_from_emptying_the_set():
     assert set_mass(ascend(0.0)) < 0.01
     held = ascend(coef)
     assert held == pytest.approx(optimum, abs=1e-3) and set_mass(held) > 0.09
+
+
+def test_the_enumerated_projection_by_hand():
+    # q_ref = (1/2, 1/2), R = (1, 0), beta 1, T 1: q* = (e, 1) / (e + 1). Replies of 3 and 1 tokens, a
+    # mean of 2: J = (q*(0) log pi(0) + q*(1) log pi(1)) / 2, so dJ/dlog pi = q* / 2.
+    target = [math.e / (math.e + 1), 1 / (math.e + 1)]
+    logprobs = torch.tensor([0.2, 0.1]).log().requires_grad_()
+    result = enumerated_projection(logprobs, torch.tensor([3, 1]), torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]).log(), beta=1.0)
+    result.objective.backward()
+    assert float(result.objective.detach()) == pytest.approx((target[0] * math.log(0.2) + target[1] * math.log(0.1)) / 2)
+    assert logprobs.grad.tolist() == pytest.approx([target[0] / 2, target[1] / 2])
+    assert float(result.set_mass) == pytest.approx(0.3) and result.probs.tolist() == pytest.approx([2 / 3, 1 / 3])
+    with pytest.raises(ValueError, match="temperature and beta must be > 0"):
+        enumerated_projection(logprobs, torch.tensor([2, 1]), torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]).log(), beta=0.0)
+
+
+def test_the_projection_reaches_the_kl_regularised_optimum_from_a_rare_best_arm():
+    # The bandit that the expected reward's gradient leaves at e^-30 (the test below): the projection
+    # pulls its policy to q* = softmax(ref / T + R / beta) whatever the start, the best arm included.
+    rewards = torch.tensor([0.5, 1.0, 0.0])
+    reference = torch.log_softmax(torch.tensor([0.0, -30.0, -2.0]), dim=0)
+    lengths = torch.tensor([1, 1, 1])
+    for temperature, beta in [(10.0, 0.1), (1.0, 0.05)]:
+        logits = reference.clone().requires_grad_()
+        optimizer = torch.optim.SGD([logits], lr=5.0)
+        for _ in range(2000):
+            optimizer.zero_grad()
+            logprobs = torch.log_softmax(logits, dim=0)
+            (-enumerated_projection(logprobs, lengths, rewards, reference, beta, temperature).objective).backward()
+            optimizer.step()
+        optimum = torch.softmax(reference / temperature + rewards / beta, dim=0)
+        assert torch.softmax(logits.detach(), dim=0).tolist() == pytest.approx(optimum.tolist(), abs=1e-3)
+    # At T 10 the best arm's 30 nats become 3, and a reward margin of 0.5 at beta 0.1 is worth 5: it wins.
+    assert float(torch.softmax(reference / 10 + rewards / 0.1, dim=0)[1]) > 0.8
 
 
 def test_the_enumerated_kl_by_hand():

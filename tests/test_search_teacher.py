@@ -150,16 +150,20 @@ class CountingReader(RuleReader):
         return super().generate(prompts, sampling, trunk_depth)
 
 
-def test_the_enumerated_gradient_makes_the_merge_a_tiny_manager_ranks_last_its_likeliest_reply(bank, tmp_path):
+@pytest.mark.parametrize("objective", ["expected", "projection"])
+def test_the_enumerated_gradient_makes_the_merge_a_tiny_manager_ranks_last_its_likeliest_reply(bank, tmp_path, objective):
     dogs = state(bank, [DOGS])
     merge = f"MERGE:{[c.text for c in dogs.candidates].index(BUDDY)}"
     reader = CountingReader()
     search = teacher(reader)
     tokenizer = load_tokenizer("embedded:smollm2-135m-instruct")
     # The random model's replies differ by hundreds of nats (mostly their lengths): flattened by T = 300
-    # every operation gets a share of the push (`core.enumerated_objective`).
-    algo = AlgoConfig(name="enumerated", actor_lr=3e-3, kl_coef=0.0, operation_temperature=300.0)
+    # every operation gets a share of the push (`core.enumerated_objective`). The projection's target
+    # (`core.enumerated_projection`, beta 0.1) weighs the merge's 0.5 over ADD at 5 nats against the
+    # reference's ~1 (355 / 300): the merge takes most of it.
+    algo = AlgoConfig(name="enumerated", actor_lr=3e-3, kl_coef=0.0, operation_temperature=300.0, operation_objective=objective)
     module = ManagerEnumeratedModule(tiny_causal_lm(tokenizer), tokenizer, search.env, algo, max_new_tokens=96,
+                                     reference=tiny_causal_lm(tokenizer) if objective == "projection" else None,
                                      trajectories=TeacherTrajectories(search, tmp_path / "manager-search.jsonl"))
     (prompt_ids,) = encode_prompts(tokenizer, [search.env.prompt(dogs)])
     (scores,) = [details["scores"] for details in module.trajectories.details([dogs], [search.env.prompt(dogs)])]

@@ -11,8 +11,10 @@ DELETE (docs/cpu_lift.md). Here nothing is sampled. One step, per state of the b
 3. each reply's log-probability under the policy (teacher-forced, the state's prompt forwarded once),
    and under the reference for the KL and the operations' total probability;
 4. `core.enumerated_objective`: the expected reward under the policy renormalised over the operations,
-   less the KL, less what the operations' total probability lost below the reference's (in log); its
-   gradient, accumulated over the batch's states, is one clipped optimiser step.
+   less the KL, less what the operations' total probability lost below the reference's (in log); or,
+   with `algo.operation_objective=projection`, `core.enumerated_projection`: the operations' likelihood
+   weighed by the KL-regularised best policy q* (reference x exp(R / beta)); its gradient, accumulated
+   over the batch's states, is one clipped optimiser step.
 
 A reply longer than the Manager's `max_new_tokens` is left out: the policy cannot say it. The step logs
 the probability each kind of operation holds (`ops/*_frac`, GRPO's keys: what sampling would draw, in
@@ -50,6 +52,7 @@ class ManagerEnumeratedModule(ManagerRLModule):
         if not isinstance(trajectories.teacher, SearchManagerTeacher):
             raise ValueError("algo=enumerated: the operations' rewards come from teacher=search")
         self.trajectories = trajectories
+        self._projection = self.algo.operation_objective == "projection"
 
     def training_step(self, states: list[ManagerState], batch_idx: int) -> dict[str, StepOutput]:
         self.stage_seconds.clear()
@@ -68,17 +71,24 @@ class ManagerEnumeratedModule(ManagerRLModule):
                     continue
                 rewards = batch.scores.float()
                 reference = None
-                if self.algorithm.uses_reference(self.algo) or self.algo.set_mass_coef > 0:
+                if self.algorithm.uses_reference(self.algo) or self.algo.set_mass_coef > 0 or self._projection:
                     with torch.no_grad(), self._reference() as frozen:
                         reference = self._sequence_logprobs(frozen, batch)
-                result = core.enumerated_objective(
-                    self._sequence_logprobs(self.policy, batch),
-                    rewards,
-                    reference,
-                    kl_coef=self.algo.kl_coef,
-                    temperature=self.algo.operation_temperature,
-                    set_mass_coef=self.algo.set_mass_coef,
-                )
+                logprobs = self._sequence_logprobs(self.policy, batch)
+                if self._projection:
+                    assert reference is not None
+                    result = core.enumerated_projection(
+                        logprobs, batch.response_mask.sum(dim=-1), rewards, reference, self.algo.projection_beta, self.algo.operation_temperature
+                    )
+                else:
+                    result = core.enumerated_objective(
+                        logprobs,
+                        rewards,
+                        reference,
+                        kl_coef=self.algo.kl_coef,
+                        temperature=self.algo.operation_temperature,
+                        set_mass_coef=self.algo.set_mass_coef,
+                    )
                 self.manual_backward(-result.objective / len(states))  # the batch's mean objective
                 fault_point("micro_batch")
                 for option, probability in zip(found, result.probs.tolist()):

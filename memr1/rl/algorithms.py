@@ -87,6 +87,8 @@ class AlgoConfig:
     reuse_frozen_trunk: bool = True  # the layers below the adapters run once per token (memr1.llm.trunk)
     operation_temperature: float = 1.0  # algo=enumerated: q = softmax(log pi(reply) / T) over a state's operations
     set_mass_coef: float = 0.0          # algo=enumerated: weight of the operations' total probability lost below the reference's
+    operation_objective: str = "expected"  # algo=enumerated: "expected" (the gradient of E_q[R]) or "projection" (toward q*)
+    projection_beta: float = 0.1        # algo=enumerated, projection: q* = softmax(log q_ref / T + R / beta)
     filter_groups: FilterGroups = field(default_factory=FilterGroups)
     overlong_buffer: OverlongBuffer = field(default_factory=OverlongBuffer)
 
@@ -186,7 +188,7 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
 
 
 _SAMPLES = "it samples its responses; the objective over enumerated operations is algo=enumerated's"
-ENUMERATED_KEYS = {"operation_temperature": _SAMPLES, "set_mass_coef": _SAMPLES}
+ENUMERATED_KEYS = {key: _SAMPLES for key in ("operation_temperature", "set_mass_coef", "operation_objective", "projection_beta")}
 _NO_CRITIC = "it has no critic (PPO's)"
 CRITIC_KEYS = {key: _NO_CRITIC for key in ("critic_lr", "value_clip", "gamma", "lam")}
 _ONE_SAMPLE = "it samples one response per state and has no group"
@@ -290,6 +292,7 @@ class PPO(Algorithm):
         return core.whiten_with_moments(advantages, moments) * mask, returns
 
 
+OPERATION_OBJECTIVES = ("expected", "projection")
 _NOTHING_SAMPLED = "it samples nothing: every operation of a state is weighed by its probability"
 _EXACT_STEP = "one exact gradient step per batch: no policy ratio, no mini-batches"
 
@@ -329,6 +332,16 @@ class Enumerated(Algorithm):
             raise ValueError(f"algo.operation_temperature: must be > 0, got {algo.operation_temperature}")
         if algo.set_mass_coef < 0:
             raise ValueError(f"algo.set_mass_coef: must be >= 0, got {algo.set_mass_coef}")
+        if algo.operation_objective not in OPERATION_OBJECTIVES:
+            raise ValueError(f"algo.operation_objective: {algo.operation_objective!r} is not one of {OPERATION_OBJECTIVES}")
+        if algo.operation_objective == "projection":
+            if algo.projection_beta <= 0:
+                raise ValueError(f"algo.projection_beta: must be > 0, got {algo.projection_beta}")
+            if algo.set_mass_coef > 0 or algo.kl_coef > 0:
+                raise ValueError(
+                    "algo.operation_objective=projection: its target already weighs the reward against the reference "
+                    "(projection_beta) and keeps the operations' mass; set algo.set_mass_coef=0 and algo.kl_coef=0"
+                )
 
 
 @register
@@ -336,5 +349,5 @@ class SFT(Algorithm):
     """Memory-SFT: the negative log-likelihood of the teacher's targets (`memr1.modules.sft`)."""
 
     name, title = "sft", "Memory-SFT"
-    ignores = {**CRITIC_KEYS, **GROUP_KEYS, **RL_KEYS, "operation_temperature": _NO_ROLLOUT, "set_mass_coef": _NO_ROLLOUT}
+    ignores = {**CRITIC_KEYS, **GROUP_KEYS, **RL_KEYS, **{key: _NO_ROLLOUT for key in ENUMERATED_KEYS}}
     trains_on_rollouts = False

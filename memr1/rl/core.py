@@ -275,6 +275,47 @@ def enumerated_objective(
     )
 
 
+def enumerated_projection(
+    seq_logprobs: Tensor,
+    response_lengths: Tensor,
+    rewards: Tensor,
+    ref_seq_logprobs: Tensor,
+    beta: float,
+    temperature: float = 1.0,
+) -> EnumeratedObjective:
+    """The KL-regularised best policy over one state's enumerated actions, and the policy drawn to it
+    by cross-entropy (MPO's and AWR's policy improvement, with every action's reward known exactly).
+
+    seq_logprobs (n,): log pi(a) of each action's whole response, with its graph; response_lengths
+    (n,): its tokens; rewards (n,); ref_seq_logprobs (n,): the reference policy's.
+
+    The target is q*(a) = softmax(log pi_ref(a) / T + R(a) / beta) over the actions: the maximiser of
+    E_q[R] - beta KL(q || q_ref), q_ref the reference renormalised over them and flattened by T. The
+    objective is sum_a q*(a) log pi(a) / mean_a |a|: the replies' log-likelihood weighed by the target,
+    divided by their mean length (one constant a state, for Memory-SFT's per-token scale; dividing each
+    reply by its own length would favour the short ones). Its maximiser is pi = q* on the actions, all of
+    the mass on them. Where rewards tie, q* = q_ref; where one action beats the reference's choice by more than
+    beta times the log-odds against it, it takes most of q*. Unlike `enumerated_objective`, a rare
+    action that q* wants gets the likelihood's full push (its gradient does not shrink with pi(a)), and
+    no mass can leak out of the set.
+    """
+    _require_rank(seq_logprobs, "seq_logprobs", 1, "(n,)")
+    _require_same_shape(seq_logprobs=seq_logprobs, rewards=rewards, ref_seq_logprobs=ref_seq_logprobs, response_lengths=response_lengths)
+    if temperature <= 0 or beta <= 0:
+        raise ValueError(f"enumerated_projection: temperature and beta must be > 0, got {temperature} and {beta}")
+    log_q_ref = torch.log_softmax(ref_seq_logprobs.float() / temperature, dim=0)
+    target = torch.softmax(log_q_ref + rewards.float() / beta, dim=0)
+    log_q = torch.log_softmax(seq_logprobs.detach().float() / temperature, dim=0)
+    q = log_q.exp()
+    return EnumeratedObjective(
+        objective=(target * seq_logprobs.float()).sum() / response_lengths.float().mean().clamp(min=1.0),
+        probs=q,
+        expected_reward=(q * rewards.float()).sum(),
+        kl=(q * (log_q - log_q_ref)).sum(),
+        set_mass=torch.logsumexp(seq_logprobs.detach().float(), dim=0).exp(),
+    )
+
+
 # --- rewards and advantages ------------------------------------------------------------------------
 
 
