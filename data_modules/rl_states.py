@@ -19,6 +19,7 @@ from memr1.banks.build import memory_items
 from memr1 import lightning_loop
 from memr1.banks.policies import AddAllPolicy, MemoryPolicy
 from memr1.banks.recipe import BankRecipe, bank_recipe, open_or_build_banks
+from memr1.datasets.registry import dataset_spec
 from memr1.embed import Embedder
 from memr1.factories import ModelCache, answer_config, banks_config, manager_config, memory_policy, run_precision
 from memr1.memory import MemoryBank
@@ -117,8 +118,12 @@ class RLStatesDataModule(LightningDataModule):
         """The data module of `train.py`'s config: `data` (LoCoMo), the bank recipe (`banks`, `memory`,
         and `manager` when it writes the banks), `model` (agent, `window`), `answer.k_per_speaker`,
         `manager.num_candidates`, `data_loader` (states_per_step, val_batch_size, max_steps), `seed`."""
-        if cfg.data.kind != "locomo":
-            raise ValueError(f"data={cfg.data.kind}: RL states come from LoCoMo's conversations; use data=locomo")
+        spec = dataset_spec(cfg.data.kind)
+        if not spec.locomo_format:
+            raise ValueError(
+                f"data.kind={cfg.data.kind}: RL states need conversations split by id whose questions name their "
+                f"evidence turns (LoCoMo's format); {spec.title} is a zero-shot test set"
+            )
         loader, banks = cfg.data_loader, banks_config(cfg)
         precision = run_precision(cfg)
         recipe = bank_recipe(cfg, precision=precision.name)

@@ -326,11 +326,13 @@ def _configure_compare(parser: argparse.ArgumentParser) -> None:
 
 def _run_compare(args: argparse.Namespace) -> int:
     from memr1.pipeline.compare import compare_runs, markdown
+    from memr1.pipeline.report_file import REPORT_FILE, EvalReport
 
     if len(args.runs) < 2:
         raise ValueError("compare: give at least two run directories (A, then each B to set against it)")
     comparisons = [compare_runs(args.runs[0], run, args.resamples, args.seed) for run in args.runs[1:]]
-    print("\n\n".join(markdown(c, CATEGORY_NAMES) for c in comparisons))
+    names = EvalReport.read(args.runs[0]).category_names() if (Path(args.runs[0]) / REPORT_FILE).is_file() else {}
+    print("\n\n".join(markdown(c, names) for c in comparisons))
     if args.json:
         args.json.write_text(json.dumps([c.to_json() for c in comparisons], indent=2))
     return 0

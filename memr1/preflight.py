@@ -55,21 +55,22 @@ def check_backbone(backbone: DictConfig) -> None:
 
 
 def check_data(data: DictConfig) -> None:
-    """`data.path` exists, unless LoCoMo may download it there (the default location, or
-    `data.download=true`)."""
+    """`data.kind` names a dataset and `data.path` exists, unless LoCoMo may download it there (the
+    default location, or `data.download=true`); a missing file's error says what the dataset's spec
+    says to do."""
+    from memr1.datasets.registry import dataset_spec
+
+    try:
+        spec = dataset_spec(str(data.kind))
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     path = data.get("path")
-    if data.kind == "locomo":
-        if path is None or data.get("download", False) or Path(path).is_file():
-            return
-        raise FileNotFoundError(
-            f"data.path={path}: no such file. Point data.path at your copy of locomo10.json, leave it unset "
-            "for ../shared/data/locomo10.json or data/locomo10.json, or add data.download=true to download "
-            "it to that path."
-        )
+    if data.kind == "locomo" and (path is None or data.get("download", False)):
+        return
     if path is None:
-        raise ConfigError(f"data.path: data={data.kind} needs the path of your copy of the dataset")
-    if not Path(path).exists():
-        raise FileNotFoundError(f"data.path={path}: no such file (data={data.kind})")
+        raise ConfigError(f"data.path: data={data.kind} needs the path of your copy of {spec.title}")
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"data.path={path}: no such file ({spec.title}). {spec.missing_file}")
 
 
 def check_devices(trainer: DictConfig, states_per_step: int) -> None:

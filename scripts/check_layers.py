@@ -18,7 +18,7 @@ PACKAGES = ("memr1", "data_modules")
 
 # Bottom to top. Same-layer imports are allowed (a cycle among them is still reported).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundations", ("memr1.types", "memr1.interrupt", "memr1.config", "memr1.timing", "memr1.progress", "memr1.quiet", "memr1.preflight", "memr1.seeds", "memr1.shipped", "memr1.faults", "memr1.lightning_loop", "memr1.provenance")),
+    ("foundations", ("memr1.types", "memr1.interrupt", "memr1.config", "memr1.timing", "memr1.progress", "memr1.quiet", "memr1.seeds", "memr1.shipped", "memr1.faults", "memr1.lightning_loop", "memr1.provenance")),
     ("data", ("memr1.datasets",)),
     ("models", ("memr1.llm", "memr1.embed")),
     ("metrics", ("memr1.metrics",)),
@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("rl maths", ("memr1.rl",)),
     ("states", ("memr1.states",)),
     ("training parts", ("memr1.teachers", "memr1.search_teacher", "memr1.modules", "memr1.callbacks")),
-    ("factories", ("memr1.factories",)),
+    ("factories", ("memr1.factories", "memr1.preflight")),
     ("applications", ("memr1.evaluation", "memr1.pipeline", "memr1.stage_archive", "memr1.training", "memr1.service")),
     ("commands", ("memr1.schedule", "memr1.cli", "memr1")),
     ("lightning data", ("data_modules",)),

@@ -73,6 +73,24 @@ def test_the_command_prints_the_table_and_writes_json(tmp_path, capsys):
     assert json.loads(out.read_text())[0]["overall"]["f1"]["verdict"] == "B better"
 
 
+def test_the_command_names_categories_as_the_runs_dataset_does(tmp_path, capsys):
+    # The names come from run A's report.json: as the run wrote them, else from its dataset's SPEC; a
+    # run without a report is shown by number.
+    from memr1.pipeline.report_file import EvalReport
+
+    a = write_run(tmp_path / "a", {"q1": ("no", "yes", 1), "q2": ("Oslo", "Oslo", 2)})
+    b = write_run(tmp_path / "b", {"q1": ("yes", "yes", 1), "q2": ("Oslo", "Oslo", 2)})
+    assert main(["compare", str(a), str(b)]) == 0
+    assert "| 1 | 1 |" in capsys.readouterr().out
+    EvalReport("t", {}, {}, {"data": "knowledge_update"}).write(a)
+    assert main(["compare", str(a), str(b)]) == 0
+    assert "| 1 replaced | 1 |" in capsys.readouterr().out
+    EvalReport("t", {}, {}, {"data": "locomo", "categories": {"1": "first", "2": "second"}}).write(a)
+    assert main(["compare", str(a), str(b)]) == 0
+    printed = capsys.readouterr().out
+    assert "| 1 first | 1 |" in printed and "| 2 second | 1 |" in printed
+
+
 def test_a_bad_run_directory_or_line_is_named(tmp_path, capsys):
     a = write_run(tmp_path / "a", {"q1": ("a", "a", 1)})
     assert main(["compare", str(a), str(tmp_path / "missing")]) == 1

@@ -545,10 +545,26 @@ def test_registry_dispatches_and_forwards_keywords() -> None:
 
 
 def test_registry_rejects_unknown_kind() -> None:
-    with pytest.raises(ValueError, match=r"dataset kind: unknown 'locomo10'; expected one of locomo, longmemeval, msc"):
-        load_dataset("locomo10", LME_SAMPLE)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"data.kind: unknown 'locomo10'; memr1's are knowledge_update, locomo, longmemeval, msc"):
+        load_dataset("locomo10", LME_SAMPLE)
     with pytest.raises(ValueError, match="unknown 'msc_v0.1'"):
-        category_names("msc_v0.1")  # type: ignore[arg-type]
+        category_names("msc_v0.1")
+    with pytest.raises(ValueError, match="module memr1.datasets.errors defines no SPEC"):
+        category_names("memr1.datasets.errors")
+
+
+def test_a_dataset_of_ones_own_is_its_module_and_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One module with a loader and its SPEC, named by its path: what `data.kind=my_data.sets` reads.
+    (tmp_path / "my_data").mkdir()
+    (tmp_path / "my_data" / "__init__.py").write_text("")
+    (tmp_path / "my_data" / "sets.py").write_text(
+        "from memr1.datasets.longmemeval import load_longmemeval\n"
+        "from memr1.datasets.registry import DatasetSpec\n"
+        "SPEC = DatasetSpec('my set', load_longmemeval, {1: 'recall'}, 'my labels', False, 'bring it')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert category_names("my_data.sets") == {1: "recall"}
+    assert load_dataset("my_data.sets", LME_SAMPLE) == load_dataset("longmemeval", LME_SAMPLE)
 
 
 def test_registry_category_names() -> None:

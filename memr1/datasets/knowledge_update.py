@@ -16,8 +16,7 @@ Each conversation is two people talking over five sessions, two weeks apart. Eac
 Unrelated chatter (a meal, the weather) is told between them and never asked about. Questions ask for
 the current state. The file is LoCoMo's format (`session_N`, `session_N_date_time`, `observation`
 facts with their dia_ids, `qa` with evidence and category), so the LoCoMo loader, the banks, both
-agents, the metrics and `memr1 compare` run on it unchanged (compare labels categories by LoCoMo's
-names: read 1-4 as above).
+agents, the metrics and `memr1 compare` run on it unchanged; `SPEC` names its categories as above.
 
 Splits are by template family and by entity: every family (its phrasings, question and values), person
 name and chatter line belongs to one split, so no test template or name is seen in training. Sample ids are
@@ -37,6 +36,9 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
+
+from memr1.datasets.locomo import load_locomo
+from memr1.datasets.registry import DatasetSpec
 
 SPLITS = ("train", "validation", "test")
 CONVERSATIONS = {"train": 40, "validation": 20, "test": 32}  # questions: 640, 120, 320
@@ -278,3 +280,13 @@ def write(path: str | Path, seed: int = 0, conversations: Mapping[str, int] | No
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(samples, indent=1))
     return {split: [s["sample_id"] for s in samples if s["sample_id"].startswith(f"ku-{split}-")] for split in SPLITS}
+
+
+SPEC = DatasetSpec(
+    title="the knowledge-update set",
+    load=load_locomo,
+    categories=CATEGORY_NAMES,
+    categories_source="memr1's generator (memr1/datasets/knowledge_update.py)",
+    locomo_format=True,
+    missing_file="Write it with `memr1 knowledge-update` (seed 0, the set conf/data/knowledge_update.yaml reads).",
+)

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
-from memr1.datasets.registry import JsonNode, read_json
+from memr1.datasets.registry import DatasetSpec, JsonNode, read_json
 from memr1.types import Conversation, Question, Session, Turn
 
 SPEAKERS: tuple[str, str] = ("user", "assistant")
@@ -165,3 +165,13 @@ def _parse_date(node: JsonNode) -> datetime:
         return datetime.strptime(text, DATE_FORMAT)
     except ValueError as error:
         raise node.error(f"expected a date like '2023/05/20 (Sat) 02:21', got {text!r}") from error
+
+
+SPEC = DatasetSpec(
+    title="LongMemEval",
+    load=load_longmemeval,
+    categories=CATEGORY_NAMES,
+    categories_source="LongMemEval's question_type, numbered here (QUESTION_TYPES); _abs: its abstention questions",
+    locomo_format=False,
+    missing_file="Point data.path at your copy of LongMemEval's longmemeval_s.json, _m or _oracle.",
+)

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from memr1.datasets.registry import JsonNode, read_json_records
+from memr1.datasets.registry import DatasetSpec, JsonNode, read_json_records
 from memr1.types import Conversation, Fact, Question, Session, Turn
 
 SPEAKERS: tuple[str, str] = ("Speaker 1", "Speaker 2")
@@ -172,3 +172,13 @@ def _questions(record: JsonNode, sample_id: str) -> tuple[Question, ...]:
         category=QUESTION_TYPES["deep-memory-retrieval"],
     )
     return (question,)
+
+
+SPEC = DatasetSpec(
+    title="MSC",
+    load=load_msc,
+    categories=CATEGORY_NAMES,
+    categories_source="MemGPT's msc_self_instruct task: one kind of question (deep memory retrieval)",
+    locomo_format=False,
+    missing_file="Point data.path at your copy of MemGPT's msc_self_instruct JSON Lines.",
+)

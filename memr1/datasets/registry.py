@@ -1,9 +1,12 @@
-"""One entry point for every supported dataset, and the located-JSON reading its loaders share.
+"""What memr1 knows of a dataset (`DatasetSpec`), and the located-JSON reading its loaders share.
 
-`load_dataset(kind, path, **kwargs)` dispatches to the dataset's loader, imported lazily so that
-loading one dataset never imports another's module. Every loader returns `list[Conversation]`, so the
-memory pipeline and evaluation run on all of them unchanged; `category_names(kind)` names the integer
-question categories for reports.
+`data.kind` names a dataset: a module of `memr1.datasets` (`locomo`, `knowledge_update`, `longmemeval`,
+`msc`) or, for one kept outside memr1, a dotted module path. The module defines `SPEC`, which
+evaluation, training and `memr1 compare` read: its loader, what its question categories are called and
+who says so, whether its conversations are split by id with evidence turns (LoCoMo's format, which RL
+states need) or are a zero-shot test set. A module is imported only when its dataset is used.
+
+Adding a dataset is its module (a loader and its `SPEC`) and a YAML in conf/data naming it.
 
 `JsonNode` pairs a parsed JSON value with its file and JSON path, so each check of the LongMemEval and
 MSC loaders fails with a `DatasetFormatError` naming where it failed, e.g.
@@ -18,46 +21,55 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 from memr1.datasets.errors import DatasetFormatError
 from memr1.types import Conversation
 
-DatasetKind = Literal["locomo", "longmemeval", "msc"]
-DATASET_KINDS: tuple[str, ...] = get_args(DatasetKind)
-
-# kind -> (module, loader). Each module also defines CATEGORY_NAMES: {category: name}.
-_LOADERS: Mapping[str, tuple[str, str]] = {
-    "locomo": ("memr1.datasets.locomo", "load_locomo"),
-    "longmemeval": ("memr1.datasets.longmemeval", "load_longmemeval"),
-    "msc": ("memr1.datasets.msc", "load_msc"),
-}
-
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One dataset, as the rest of memr1 sees it.
 
-def load_dataset(kind: DatasetKind, path: str | Path, **kwargs: Any) -> list[Conversation]:
-    """The conversations of the `kind` dataset file at `path`; `kwargs` go to that dataset's loader.
+    title: how messages name it. load: `(path, **options) -> conversations`. categories: the name of
+    each `Question.category`; categories_source: where those names come from (a mapping is a claim:
+    say whose). locomo_format: LoCoMo's file layout, split by conversation id (`data.splits`), every
+    question naming its evidence turns, so RL states can be built; otherwise a zero-shot test set.
+    missing_file: what to do when `data.path` does not exist."""
 
-    locomo: `load_locomo(path, exclude_categories=(5,))`; longmemeval: `load_longmemeval(path)`;
-    msc: `load_msc(path, anchor=MSC_ANCHOR)`. Raises ValueError for an unknown `kind`.
-    """
-    module_name, loader_name = _entry(kind)
-    loader: Callable[..., list[Conversation]] = getattr(importlib.import_module(module_name), loader_name)
-    return loader(path, **kwargs)
+    title: str
+    load: Callable[..., list[Conversation]]
+    categories: Mapping[int, str]
+    categories_source: str
+    locomo_format: bool
+    missing_file: str
 
 
-def category_names(kind: DatasetKind) -> Mapping[int, str]:
+def dataset_spec(kind: str) -> DatasetSpec:
+    """The `SPEC` of the dataset `kind` (a module of memr1.datasets, or a dotted module path)."""
+    module_name = kind if "." in kind else f"memr1.datasets.{kind}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is not None and module_name.startswith(error.name):  # the module itself, not one it imports
+            shipped = ", ".join(sorted(("locomo", "knowledge_update", "longmemeval", "msc")))
+            raise ValueError(f"data.kind: unknown {kind!r}; memr1's are {shipped}, or give a module path") from None
+        raise
+    spec = getattr(module, "SPEC", None)
+    if not isinstance(spec, DatasetSpec):
+        raise ValueError(f"data.kind={kind}: module {module_name} defines no SPEC (a memr1.datasets.registry.DatasetSpec)")
+    return spec
+
+
+def load_dataset(kind: str, path: str | Path, **kwargs: Any) -> list[Conversation]:
+    """The conversations of the `kind` dataset file at `path`; `kwargs` go to its loader."""
+    return dataset_spec(kind).load(path, **kwargs)
+
+
+def category_names(kind: str) -> Mapping[int, str]:
     """The names of the `kind` dataset's question categories, keyed by `Question.category`."""
-    module_name, _ = _entry(kind)
-    return importlib.import_module(module_name).CATEGORY_NAMES
-
-
-def _entry(kind: str) -> tuple[str, str]:
-    # Imported on use: loading one dataset never imports another's module.
-    if kind not in _LOADERS:
-        raise ValueError(f"dataset kind: unknown {kind!r}; expected one of {', '.join(DATASET_KINDS)}")
-    return _LOADERS[kind]
+    return dataset_spec(kind).categories
 
 
 # --- Located JSON -------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from memr1.agents.extractor import FactExtractor
 from memr1.banks.build import bank_operations, describe_operations, memory_items
 from memr1.banks.recipe import bank_recipe, facts_cache_file, open_or_build_banks, store_location
 from memr1.datasets.locomo_file import load_locomo_split
-from memr1.datasets.registry import category_names, load_dataset
+from memr1.datasets.registry import dataset_spec
 from memr1.embed import Embedder
 from memr1.factories import ModelCache, answer_agent, answer_config, banks_config, make_judge, manager_config, memory_policy, run_precision
 from memr1.faults import fault_point
@@ -43,19 +43,21 @@ RESUME_KEY = "predictions.key.json"  # what the answers in PREDICTIONS depend on
 
 
 def load_split(data: DictConfig, split: str, conversations: Sequence[str] | None = None) -> list[Conversation]:
-    """The conversations of `split` (LoCoMo's conversation split; the zero-shot sets are test-only)."""
-    if data.kind == "locomo":
+    """The conversations of `split` (split by conversation id in LoCoMo's format; the zero-shot sets are
+    test-only)."""
+    spec = dataset_spec(data.kind)
+    if spec.locomo_format:
         selected = load_locomo_split(
             data.path, split, sha256=data.sha256, download=data.get("download") or None, splits=data.splits,
             exclude_categories=data.exclude_categories,
         )
     else:
         if split != "test":
-            raise ValueError(f"split={split}: {data.kind} is a zero-shot test set; use split=test")
+            raise ValueError(f"split={split}: {spec.title} (data.kind={data.kind}) is a zero-shot test set; use split=test")
         excluded = set(data.exclude_categories)
         selected = [
             dataclasses.replace(c, questions=tuple(q for q in c.questions if q.category not in excluded))
-            for c in load_dataset(data.kind, data.path)
+            for c in spec.load(data.path)
         ]
     if conversations:
         wanted = set(conversations)
@@ -215,9 +217,13 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if answer.distill:
         scores[MEMORY_LISTED] = memory_listed_pct([p.selected_memories for p in predictions])
     latency = timer.summary()
+    spec = dataset_spec(cfg.data.kind)
     settings = {
         "data": cfg.data.kind,
         "split": cfg.split,
+        # What `memr1 compare` and the tables call each category, and who says so.
+        "categories": {str(category): name for category, name in spec.categories.items()},
+        "categories_source": spec.categories_source,
         "banks": recipe.signature(),
         "bank_recipe": dataclasses.asdict(recipe),
         "memory": cfg.memory.source,
@@ -233,5 +239,5 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     title = f"memr1 evaluation: {cfg.data.kind} {cfg.split}, banks={recipe.policy}, memory={cfg.memory.source}" + (
         f", answer.ckpt={answer.ckpt}" if answer.ckpt else ""
     )
-    write_report(run_dir, scores, latency, category_names(cfg.data.kind), settings, title)
+    write_report(run_dir, scores, latency, spec.categories, settings, title)
     return {"scores": scores, "latency": latency, "settings": settings}

@@ -50,6 +50,16 @@ class EvalReport:
         """The question categories scored, in order."""
         return sorted(int(key.split("cat", 1)[1]) for key in self.scores if key.startswith("count/cat"))
 
+    def category_names(self) -> dict[int, str]:
+        """What the run's dataset calls each category: as the run wrote it, or, for a report written
+        before runs wrote them, its dataset's spec (`settings["data"]`)."""
+        written = self.settings.get("categories")
+        if isinstance(written, Mapping):
+            return {int(category): str(name) for category, name in written.items()}
+        from memr1.datasets.registry import dataset_spec
+
+        return dict(dataset_spec(str(self.settings.get("data", "locomo"))).categories)
+
     def write(self, run_dir: str | Path) -> Path:
         path = Path(run_dir) / REPORT_FILE
         path.write_text(json.dumps(asdict(self), indent=2, default=str))
