@@ -135,6 +135,8 @@ def test_counterfactual_credit_with_a_group_baseline_is_refused(tmp_path):
          "algo.operation_objective=projection: its target already weighs the reward against the reference"),
         (["model=manager", "teacher=search", "algo=enumerated", "algo.operation_objective=argmax"],
          "algo.operation_objective: 'argmax' is not one of ('expected', 'projection')"),
+        (["algo=ppo", "algo.kl_in_reward=true"], "algo=ppo does not use algo.kl_in_reward: it has no KL term (verl's PPO)"),
+        (["algo=grpo", "algo.kl_in_reward=true", "algo.kl_coef=0"], "algo.kl_in_reward=true: the KL's weight is algo.kl_coef, which is 0"),
         (["algo=sft", "algo.policy_loss=gspo"], "algo.policy_loss=gspo: algo=sft does not use algo.policy_loss: it trains on the teacher's targets"),
         (["algo=grpo", "algo.policy_loss=cispo"], "algo.policy_loss: 'cispo' is not one of memr1's (gspo, vanilla) nor an importable module path"),
         (["model=manager", "algo=enumerated"], "use it with model=manager teacher=search (got model.agent=manager, teacher.kind=dataset)"),

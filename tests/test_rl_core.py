@@ -20,6 +20,7 @@ from memr1.rl.core import (
     explained_variance,
     group_advantages,
     groups_with_spread,
+    kl_in_reward,
     kl_penalty,
     leave_one_out_advantages,
     logprobs_from_logits,
@@ -413,6 +414,16 @@ def test_whitening_with_moments_summed_over_ranks_is_the_whole_batchs():
     expected = (torch.tensor([1.0, 2.0, 3.0, 6.0]) - 3.0) / (14.0 / 3.0) ** 0.5
     assert torch.allclose(whitened[mask.bool()], expected, atol=1e-6)
     assert torch.allclose(whitened * mask, masked_whiten(values, mask, eps=0.0) * mask, atol=1e-6)
+
+
+def test_the_kl_in_the_reward_by_hand():
+    # k1 per token: log pi - log pi_ref. Row 0: 0.5 + 0.5 (the third token is padding); row 1: -0.2.
+    # kl_coef 0.1: the scores 1 and 0 become 1 - 0.1 and 0 + 0.02.
+    logprobs = torch.tensor([[-0.5, -1.0, -9.0], [-1.2, 0.0, 0.0]])
+    reference = torch.tensor([[-1.0, -1.5, 0.0], [-1.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    scores, kl = kl_in_reward(torch.tensor([1.0, 0.0]), logprobs, reference, mask, kl_coef=0.1, kind="k1")
+    assert kl.tolist() == pytest.approx([1.0, -0.2]) and scores.tolist() == pytest.approx([0.9, 0.02])
 
 
 def test_the_enumerated_objective_and_its_gradient_by_hand():

@@ -7,6 +7,7 @@ Lightning Trainer.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 
@@ -239,6 +240,38 @@ def test_the_sampled_validation_reward_samples_at_the_rollout_temperature(tokeni
     off = RLModule(tiny_causal_lm(tokenizer, seed=1), tokenizer, LengthEnv(4), algo, max_new_tokens=12, seed=3)
     off.sample_validation_rewards(states)
     assert off.held_out.take_sampled_validation_reward() is None
+
+
+class ZeroEnv(FirstOfGroupEnv):
+    """Every response earns 0: only a KL in the reward can tell them apart."""
+
+    def score(self, states: Sequence[str], responses: Sequence[str]) -> list[Reward]:
+        return [Reward(0.0, None) for _ in responses]
+
+
+def test_a_kl_in_the_reward_is_what_the_advantages_see_and_leaves_the_loss(tokenizer):
+    # Rewards all 0, a reference that is another model: with kl_in_reward each group's advantages rank
+    # its samples by their KL (the smaller, the better) and the loss has no KL term; in the loss
+    # (kl_in_reward false) the same rollout's advantages are all 0.
+    algo = AlgoConfig(name="grpo", group_size=4, actor_lr=1e-4, kl_coef=0.5, kl_kind="k1", kl_in_reward=True, micro_batch_size=4)
+    module = RLModule(
+        tiny_causal_lm(tokenizer, seed=1), tokenizer, ZeroEnv(4), algo, reference=tiny_causal_lm(tokenizer, seed=2), max_new_tokens=6, seed=3
+    )
+    fit_one_step(module, ["Say hello.", "Name a dog."])
+    batch, metrics = module.last_step.rollout, module.last_step.metrics
+    assert "actor/kl" not in metrics and metrics["reward/mean"] == 0.0
+    mask = batch.response_mask.float()
+    kl = ((batch.old_logprobs - batch.ref_logprobs) * mask).sum(dim=-1)
+    assert metrics["reward/kl_mean"] == pytest.approx(float(kl.mean()), rel=1e-5)
+    advantage = (batch.advantages * mask).sum(dim=-1) / mask.sum(dim=-1)
+    for group in (slice(0, 4), slice(4, 8)):
+        assert torch.equal(torch.argsort(advantage[group]), torch.argsort(-kl[group]))
+    in_loss = RLModule(
+        tiny_causal_lm(tokenizer, seed=1), tokenizer, ZeroEnv(4), dataclasses.replace(algo, kl_in_reward=False),
+        reference=tiny_causal_lm(tokenizer, seed=2), max_new_tokens=6, seed=3,
+    )
+    fit_one_step(in_loss, ["Say hello.", "Name a dog."])
+    assert torch.all(in_loss.last_step.rollout.advantages == 0) and "actor/kl" in in_loss.last_step.metrics
 
 
 def test_with_reinforce_the_reward_is_the_advantage_even_in_a_group_that_agrees(tokenizer):

@@ -245,7 +245,8 @@ class RLModule(LightningModule):
             batch.trunk_hidden = torch.cat(
                 [trunk_hidden_states(self.policy, mb, self._trunk_depth, self._sharing) for mb in self._micro_checked(batch)]
             )
-        if batch.old_logprobs is None and not single_pass(self.algo, len(batch)):
+        # kl_in_reward prices pi_old's tokens against the reference before the update, so it needs them.
+        if batch.old_logprobs is None and (not single_pass(self.algo, len(batch)) or self.algo.kl_in_reward):
             batch.old_logprobs = torch.cat([self._logprobs(self.policy, mb)[0] for mb in self._micro_checked(batch)])
         if self.algorithm.uses_reference(self.algo):
             with self._reference() as reference:
@@ -266,12 +267,22 @@ class RLModule(LightningModule):
         else:
             raise ValueError("the KL term needs a reference policy: pass reference= or train with LoRA")
 
-    def _advantages(self, batch: RolloutBatch, group_ids: Sequence[int]) -> None:
+    def _advantages(self, batch: RolloutBatch, group_ids: Sequence[int]) -> dict[str, float]:
+        """Fill the advantages (and returns); with `kl_in_reward`, from the scores less the KL, whose
+        mean it returns as a metric (the logged rewards stay the environment's)."""
+        scores, metrics = batch.scores, {}
+        if self.algo.kl_in_reward and batch.ref_logprobs is not None:
+            assert batch.old_logprobs is not None  # `_score_batch` filled them
+            scores, kl = core.kl_in_reward(
+                scores, batch.old_logprobs, batch.ref_logprobs, batch.response_mask.float(), self.algo.kl_coef, self.algo.kl_kind
+            )
+            metrics["reward/kl_mean"] = float(kl.mean())
         batch.advantages, returns = self.algorithm.advantages(
-            batch.scores, batch.response_mask, torch.as_tensor(group_ids), batch.old_values, self.algo, self.sum_over_ranks
+            scores, batch.response_mask, torch.as_tensor(group_ids), batch.old_values, self.algo, self.sum_over_ranks
         )
         if returns is not None:
             batch.returns = returns
+        return metrics
 
     @contextlib.contextmanager
     def compute_precision(self) -> Iterator[None]:
@@ -403,13 +414,14 @@ class RLModule(LightningModule):
         group_ids = [index for index in range(len(batch) // self._group) for _ in range(self._group)]
         with self.stage_seconds.timing("update"), self.compute_precision():
             self._score_batch(batch)
-            self._advantages(batch, group_ids)
+            reward_stats = self._advantages(batch, group_ids)
             update_stats = self._update(batch)
         metrics = rl_step_metrics(batch, rewards, self._group, update_stats, self.stage_seconds, self.algo.overlong_buffer.enable)
         if self.critic is not None:
             metrics["critic/explained_variance"] = float(core.explained_variance(batch.old_values, batch.returns, batch.response_mask.float()))
         metrics["actor/lr"] = float(self._optimizers()[0].param_groups[0]["lr"])
         metrics["actor/skipped_steps"] = float(self.skipped_steps)
+        metrics.update(reward_stats)
         metrics.update(self.extra_metrics(rewards))
         metrics.update(self.rollouts.filter_stats)
         metrics.update(self.probe_metrics())

@@ -77,6 +77,7 @@ class AlgoConfig:
     lam: float = 1.0
     kl_coef: float = 0.001           # KL to the reference policy in the loss
     kl_kind: str = "low_var_kl"      # verl's k3
+    kl_in_reward: bool = False       # the KL as a cost in the reward (verl's use_kl_in_reward), not in the loss
     entropy_coef: float = 0.0
     loss_agg_mode: str = "token-mean"
     ppo_epochs: int = 1
@@ -149,6 +150,8 @@ class Algorithm:
             raise ValueError(f"algo.group_size: {self.title} compares the samples of a state, it needs at least 2; got {algo.group_size}")
         if "kl_kind" not in self.ignores and algo.kl_kind not in KL_KINDS:
             raise ValueError(f"algo.kl_kind: {algo.kl_kind!r} is not one of {KL_KINDS}")
+        if "kl_in_reward" not in self.ignores and algo.kl_in_reward and algo.kl_coef <= 0:
+            raise ValueError("algo.kl_in_reward=true: the KL's weight is algo.kl_coef, which is 0; set it > 0")
         if self.trains_on_rollouts and algo.ppo_epochs < 1:
             raise ValueError(f"algo.ppo_epochs: must be >= 1, got {algo.ppo_epochs}")
         if "policy_loss" not in self.ignores:
@@ -199,6 +202,7 @@ RL_KEYS = {
     for key in (
         "temperature", "top_p", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "kl_coef", "kl_kind",
         "entropy_coef", "ppo_epochs", "mini_batch_size", "reuse_frozen_trunk", "overlong_buffer", "policy_loss",
+        "kl_in_reward",
     )
 }
 
@@ -267,6 +271,7 @@ class PPO(Algorithm):
     ignores = {
         **GROUP_KEYS, **ENUMERATED_KEYS,
         "kl_coef": "it puts no KL term in its loss (verl's PPO)", "kl_kind": "it puts no KL term in its loss (verl's PPO)",
+        "kl_in_reward": "it has no KL term (verl's PPO)",
     }
     needs_critic = True
 
@@ -314,6 +319,7 @@ class Enumerated(Algorithm):
         "ppo_epochs": _EXACT_STEP, "mini_batch_size": _EXACT_STEP, "policy_loss": _EXACT_STEP,
         "micro_batch_size": "a state's operations are one forward (they share its prompt)",
         "kl_kind": "its KL is exact over the enumerated operations, not an estimator",
+        "kl_in_reward": "its KL is exact over the enumerated operations, in its objective",
         "entropy_coef": "it has no entropy bonus",
         "loss_agg_mode": "its objective is one expected reward per state, not a sum over tokens",
         "reuse_frozen_trunk": "it scores fixed responses; the frozen trunk is recorded by sampling",

@@ -543,6 +543,23 @@ def value_loss(
     return loss, clip_frac
 
 
+def kl_in_reward(
+    scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor, kl_coef: float, kind: KLKind
+) -> tuple[Tensor, Tensor]:
+    """The outcome scores less the KL to the reference (verl's `use_kl_in_reward`), the KL then a cost
+    the advantages see rather than a term of the loss.
+
+    scores (bs,); logprobs (pi_old's, the sampled tokens'), ref_logprobs, response_mask (bs, L) ->
+    (penalised scores (bs,), each response's summed KL estimate (bs,)): ``score - kl_coef * sum_t kl_t``
+    over the valid tokens, ``kl_t`` the `kind` estimator (`kl_penalty`). verl subtracts ``kl_coef *
+    kl_t`` from each token's reward; an outcome advantage (GRPO's) reads their sum, which is this.
+    """
+    _require_rank(response_mask, "response_mask", 2, "(bs, L)")
+    _require_rank(scores, "scores", 1, "(bs,)")
+    kl = (kl_penalty(logprobs, ref_logprobs, kind) * response_mask.to(logprobs.dtype)).sum(dim=-1)
+    return scores - kl_coef * kl.to(scores.dtype), kl
+
+
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: KLKind) -> Tensor:
     """Per-token estimate of KL(policy || reference) from sampled tokens' log-probabilities.
 

@@ -100,7 +100,7 @@ def update_actor_critic(
             entropy_loss = core.aggregate_loss(entropy, mask, algo.loss_agg_mode, denominator=denominator)
             loss = pg_loss - algo.entropy_coef * entropy_loss
             parts = {"policy_loss": pg_loss, "entropy": entropy_loss}
-            if micro.ref_logprobs is not None:
+            if micro.ref_logprobs is not None and not algo.kl_in_reward:
                 kl = core.aggregate_loss(
                     core.kl_penalty(logprobs, micro.ref_logprobs, algo.kl_kind), mask, algo.loss_agg_mode, denominator=denominator
                 )
