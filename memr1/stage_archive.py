@@ -47,7 +47,7 @@ EVALUATION_FILES = (REPORT_FILE, ".hydra/config.yaml")
 EXPORT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # The agent's side of a prediction row (memr1.pipeline.answering.Prediction); the rest is the dataset's.
 PREDICTION_FIELDS = ("qid", "conversation_id", "prediction", "category", "format_error", "latency_s",
-                     "selected_ids", "distill_recall", "distill_precision", "evidence_retrieved")
+                     "selected_ids", "distill_recall", "distill_precision", "evidence_retrieved", "scores")
 # Joined back from the dataset's question of the same qid.
 QUESTION_FIELDS = {"question": "question", "gold": "answer", "evidence": "evidence"}
 # A warm-start pointer inside the run root, as the record keeps it: "{root}/answer-sft/policy/last".

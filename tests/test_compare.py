@@ -63,6 +63,19 @@ def test_two_runs_are_paired_over_the_questions_both_answered(tmp_path):
     assert comparison.verdict() == f"{comparison.run_b} is within noise of {comparison.run_a}: F1 +66.67 [+0.00, +100.00]; 2 of 3 answers differ."
 
 
+def test_scores_stored_with_the_answers_are_read_not_scored_again(tmp_path):
+    # evaluate.py stores each answer's F1 / BLEU-1 / EM (x100) with it. Rows whose stored F1 says 50 where
+    # scoring "no" against "yes" would give 0: compare reads 50; a row without stored scores is scored.
+    stored = {"f1": 50.0, "bleu1": 40.0, "em": 0.0}
+    a = write_run(tmp_path / "a", {"q1": ("no", "yes", 1), "q2": ("no", "yes", 1)})
+    b = tmp_path / "b"
+    b.mkdir()
+    rows = [{"qid": qid, "gold": "yes", "prediction": "no", "category": 1, "scores": stored} for qid in ("q1", "q2")]
+    (b / "predictions.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    f1 = compare_runs(a, b).overall["f1"]
+    assert (f1.mean_a, f1.mean_b) == (0.0, 50.0)
+
+
 def test_the_command_prints_the_table_and_writes_json(tmp_path, capsys):
     a = write_run(tmp_path / "a", {f"q{i}": ("no", "yes", 1) for i in range(4)})
     b = write_run(tmp_path / "b", {f"q{i}": ("yes", "yes", 1) for i in range(4)})

@@ -245,6 +245,10 @@ def test_evaluate_end_to_end_writes_predictions_and_reports(tmp_path, tokenizer)
     assert "**Overall**" in (run_dir / "report.md").read_text()
     assert (run_dir / "scores.png").stat().st_size > 0
     assert 0.0 <= result["scores"]["f1"] <= 100.0
+    # Each answer's scores are stored with it (what compare reads), and they average to the report's.
+    for metric in ("f1", "bleu1", "em"):
+        assert report["scores"][metric] == pytest.approx(sum(row["scores"][metric] for row in rows) / len(rows))
+    assert report["settings"]["categories"]["2"] == "temporal"  # LoCoMo's SPEC names the categories
     # The add_all manager built the bank: every question retrieved memories from it, every fact an ADD.
     assert all(row["retrieved_ids"] for row in rows)
     facts = len(memory_items(load_locomo(FIXTURE)[1], "observation"))

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from memr1.datasets.locomo_file import load_locomo_split
 from memr1.llm.loading import checkpoint_chain
+from memr1.metrics.lexical import answer_scores
 from memr1.pipeline.compare import PREDICTIONS, compare_runs, read_predictions
 from memr1.pipeline.report_file import EvalReport
 from memr1.schedule import keep_progress, load_schedule, referenced_exports, report_table, restore, run_schedule
@@ -43,6 +44,7 @@ def evaluation_stage(directory: Path, answers: dict[str, str] | None = None) -> 
             "format_error": None, "raw_output": f"Memories: {memory}\nAnswer: {question.answer}",
             "latency_s": {"answer": 0.5}, "evidence": list(question.evidence), "selected_ids": [f"m{number}"],
             "distill_recall": 1.0, "distill_precision": 0.5, "evidence_retrieved": 1.0,
+            "scores": answer_scores((answers or {}).get(question.qid, question.answer), question.answer),
         })
     (directory / PREDICTIONS).write_text("".join(json.dumps(row) + "\n" for row in rows))
     (directory / ".hydra").mkdir()

@@ -116,3 +116,13 @@ def bleu1(pred: Answer, gold: Answer) -> float:
         return 0.0
     score = sentence_bleu([gold_tokens], pred_tokens, weights=_BLEU1_WEIGHTS, smoothing_function=_SMOOTHING)
     return float(score)
+
+
+# The per-question scores every evaluation stores with its answers (`predictions.jsonl`'s `scores`),
+# read by `memr1 compare` and the tables: scored once, when the answer is made.
+LEXICAL_METRICS = {"f1": token_f1, "bleu1": bleu1, "em": exact_match}
+
+
+def answer_scores(pred: Answer, gold: Answer) -> dict[str, float]:
+    """F1, BLEU-1 and EM of one answer, x100 (QAMetrics' scale)."""
+    return {name: 100.0 * score(pred, gold) for name, score in LEXICAL_METRICS.items()}

@@ -10,6 +10,7 @@ from memr1.llm.engines import GenerationEngine, SamplingConfig
 from memr1.memory import MemoryView
 from memr1.memory.retrieval import retrieve_memories
 from memr1.metrics.distill import distillation_score
+from memr1.metrics.lexical import answer_scores
 from memr1.timing import StageTimer
 from memr1.types import Question
 
@@ -36,6 +37,9 @@ class Prediction:
     distill_recall: float | None = None
     distill_precision: float | None = None
     evidence_retrieved: float | None = None
+    # F1 / BLEU-1 / EM x100 (`memr1.metrics.lexical.answer_scores`), scored once here and read by `memr1
+    # compare` and the tables; empty in a file written before they were stored.
+    scores: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -100,6 +104,7 @@ def answer_questions(
                     distill_recall=distill.recall if distill else None,
                     distill_precision=distill.precision if distill else None,
                     evidence_retrieved=distill.retrieved if distill else None,
+                    scores=answer_scores(parsed.answer, question.answer),
                 )
             )
         predictions.extend(batch_predictions)

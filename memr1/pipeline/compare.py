@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from memr1.metrics.lexical import bleu1, exact_match, token_f1
+from memr1.metrics.lexical import LEXICAL_METRICS, answer_scores
 
 PREDICTIONS = "predictions.jsonl"
-METRICS = {"f1": token_f1, "bleu1": bleu1, "em": exact_match}
+METRICS = LEXICAL_METRICS
 TITLES = {"f1": "F1", "bleu1": "BLEU-1", "em": "EM"}
 
 
@@ -126,8 +126,12 @@ def read_predictions(run_dir: str | Path) -> dict[str, dict[str, Any]]:
 
 
 def question_scores(row: Mapping[str, Any]) -> dict[str, float]:
-    """F1, BLEU-1 and EM of one prediction, x100 (QAMetrics' scale)."""
-    return {name: 100.0 * score(row["prediction"], row["gold"]) for name, score in METRICS.items()}
+    """F1, BLEU-1 and EM of one prediction, x100 (QAMetrics' scale): as evaluation stored them with the
+    answer, or scored here for a file written before evaluations stored them."""
+    stored = row.get("scores")
+    if isinstance(stored, Mapping) and all(name in stored for name in METRICS):
+        return {name: float(stored[name]) for name in METRICS}
+    return answer_scores(row["prediction"], row["gold"])
 
 
 def _metric_rows(a: list[dict[str, float]], b: list[dict[str, float]], resamples: int, seed: int) -> dict[str, MetricRow]:
