@@ -94,7 +94,7 @@ def run_size(n: int, embedder: Embedder, workdir: Path, num_queries: int, milvus
         index_ms, index_hits = timed(lambda q: bank.search_by_vector(q, SPEAKERS[0], K), queries)
         mask = speakers == SPEAKERS[0]
         brute_ms, brute_hits = timed(lambda q: brute_force(vectors, mask, q, K), queries)
-        milvus_ms, _ = timed(lambda q: bank.search_in_milvus(q, SPEAKERS[0], K), queries[:milvus_queries])
+        milvus_ms, _ = timed(lambda q: bank.search_in_store(q, SPEAKERS[0], K), queries[:milvus_queries])
         agree = np.mean(
             [[row_of[e.id] for e in ours] == list(theirs) for ours, theirs in zip(index_hits, brute_hits)]
         )

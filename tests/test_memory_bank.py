@@ -1,4 +1,5 @@
-"""Memory banks on real Milvus Lite (in tmp_path) with the real MiniLM embedder.
+"""Memory banks on real Milvus Lite (in tmp_path) with the real MiniLM embedder; the store contract
+(every test on the `store_uri` fixture) also on Qdrant's embedded mode, the second backend.
 
 About 45 s of CPU on 2 cores (more wall time when the machine is shared): 10-15 s loading MiniLM
 once per session, as much again for the SIGKILL test's child process (it imports sentence-transformers).
@@ -41,9 +42,17 @@ def add(text: str, speaker: str, provenance: tuple[str, ...] = (), timestamp: st
     return MemoryOp(OpKind.ADD, text, speaker=speaker, provenance=provenance, timestamp=timestamp)
 
 
+@pytest.fixture(params=["milvus-lite", "qdrant"])
+def store_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where banks are stored: a Milvus Lite file, or a directory of Qdrant's embedded mode."""
+    if request.param == "qdrant":
+        return f"qdrant:{tmp_path / 'banks.qdrant'}"
+    return str(tmp_path / "banks.db")
+
+
 @pytest.fixture
-def bank(tmp_path: Path, embedder: Embedder) -> Iterator[MemoryBank]:
-    with MemoryBank.open(tmp_path / "banks.db", "conv_26", embedder) as opened:
+def bank(store_uri: str, embedder: Embedder) -> Iterator[MemoryBank]:
+    with MemoryBank.open(store_uri, "conv_26", embedder) as opened:
         yield opened
 
 
@@ -203,7 +212,7 @@ def test_search_many_equals_search_and_index_equals_milvus(bank: MemoryBank, emb
         many = bank.search_many(queries, speaker=speaker, k=4)
         assert many == [bank.search(query, speaker=speaker, k=4) for query in queries]
         for query, results in zip(embedder.encode(queries), many):
-            in_milvus = bank.search_in_milvus(query, speaker=speaker, k=4)
+            in_milvus = bank.search_in_store(query, speaker=speaker, k=4)
             assert [e.id for e in results] == [e.id for e in in_milvus]
             np.testing.assert_allclose([e.score for e in results], [e.score for e in in_milvus], atol=1e-6)
     assert "m2" not in {e.id for results in bank.search_many(queries, k=10) for e in results}
@@ -230,7 +239,7 @@ def test_hostile_speaker_names_select_exactly_their_rows(bank: MemoryBank, embed
     query = embedder.encode(["memory"])[0]
     for speaker in HOSTILE_SPEAKERS:
         expected = {entry.id for entry in entries if entry.speaker == speaker}
-        assert {e.id for e in bank.search_in_milvus(query, speaker=speaker, k=50)} == expected  # Milvus filter
+        assert {e.id for e in bank.search_in_store(query, speaker=speaker, k=50)} == expected  # Milvus filter
         assert {e.id for e in bank.search_by_vector(query, speaker=speaker, k=50)} == expected  # the index
 
 
@@ -281,16 +290,16 @@ def random_op(rng: random.Random, live: list[tuple[str, str]]) -> MemoryOp:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_fork_searches_exactly_like_a_copy_of_the_bank(tmp_path: Path, embedder: Embedder, seed: int) -> None:
+def test_fork_searches_exactly_like_a_copy_of_the_bank(store_uri: str, embedder: Embedder, seed: int) -> None:
     with (
-        MemoryBank.open(tmp_path / "banks.db", "base", embedder) as base,
-        MemoryBank.open(tmp_path / "banks.db", "copy", embedder) as copy,
+        MemoryBank.open(store_uri, "base", embedder) as base,
+        MemoryBank.open(store_uri, "copy", embedder) as copy,
     ):
         build_base(base)
         build_base(copy)
         probe = embedder.encode(QUERIES[:1])[0]
         base_before, base_results = snapshot(base), all_results(base, {})
-        base_in_milvus = [e.id for e in base.search_in_milvus(probe, k=100)]
+        base_in_milvus = [e.id for e in base.search_in_store(probe, k=100)]
         assert all_results(copy, {}) == base_results
 
         rng = random.Random(seed)
@@ -311,7 +320,7 @@ def test_fork_searches_exactly_like_a_copy_of_the_bank(tmp_path: Path, embedder:
 
         # The bank, its index and its Milvus rows are untouched by everything the forks did.
         assert snapshot(base) == base_before and all_results(base, {}) == base_results
-        assert [e.id for e in base.search_in_milvus(probe, k=100)] == base_in_milvus
+        assert [e.id for e in base.search_in_store(probe, k=100)] == base_in_milvus
 
         later = base.apply(add("Andrew bought a boat", "Andrew"))
         assert later.id not in id_of
@@ -333,8 +342,8 @@ def test_fork_rejects_what_the_bank_rejects(bank: MemoryBank) -> None:
 # --- persistence, processes and locks --------------------------------------------------------------
 
 
-def test_state_survives_close_and_reopen(tmp_path: Path, embedder: Embedder) -> None:
-    path = tmp_path / "banks.db"
+def test_state_survives_close_and_reopen(store_uri: str, embedder: Embedder) -> None:
+    path = store_uri
     with MemoryBank.open(path, "conv_30", embedder) as bank:
         build_base(bank)
         bank.restore("m5")
@@ -380,8 +389,8 @@ def test_a_torn_milvus_lite_index_file_is_rebuilt_from_the_data(
     assert all(index_file.stat().st_size > torn_bytes for index_file in lite_index_files(str(path), "conv_30"))
 
 
-def test_a_bank_in_memory_behaves_like_a_milvus_bank_and_keeps_nothing(tmp_path: Path, embedder: Embedder) -> None:
-    with MemoryBank.open(tmp_path / "banks.db", "conv_30", embedder) as in_milvus, MemoryBank.open(":memory:", "conv_30", embedder) as in_memory:
+def test_a_bank_in_memory_behaves_like_a_stored_bank_and_keeps_nothing(store_uri: str, embedder: Embedder) -> None:
+    with MemoryBank.open(store_uri, "conv_30", embedder) as in_milvus, MemoryBank.open(":memory:", "conv_30", embedder) as in_memory:
         for bank in (in_milvus, in_memory):
             build_base(bank)
             bank.restore("m5")
@@ -390,7 +399,7 @@ def test_a_bank_in_memory_behaves_like_a_milvus_bank_and_keeps_nothing(tmp_path:
         assert all_results(in_memory, {}) == all_results(in_milvus, {})
         assert in_memory.history("m5") == in_milvus.history("m5")
         with pytest.raises(MemoryBankError, match="lives in memory"):
-            in_memory.search_in_milvus(embedder.encode(QUERIES[:1])[0])
+            in_memory.search_in_store(embedder.encode(QUERIES[:1])[0])
         # Two in-memory banks of one name are two banks: nothing is shared, nothing outlives close.
         with MemoryBank.open(":memory:", "conv_30", embedder) as another:
             assert len(another) == 0 and another.step == 0
@@ -432,8 +441,8 @@ while True:
 
 
 @pytest.mark.slow  # a subprocess
-def test_every_acknowledged_write_survives_sigkill(tmp_path: Path, embedder: Embedder) -> None:
-    path = tmp_path / "killed.db"
+def test_every_acknowledged_write_survives_sigkill(store_uri: str, embedder: Embedder) -> None:
+    path = store_uri
     child = subprocess.Popen(
         [sys.executable, "-c", WRITER, str(path)],
         stdout=subprocess.PIPE,

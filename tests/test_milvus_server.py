@@ -64,7 +64,7 @@ def test_add_update_delete_restore_and_reopen(server_uri: str, embedder: Embedde
         assert [r.action for r in reopened.history(finance.id)] == ["ADD", "DELETE", "RESTORE", "DELETE"]
         assert reopened.step == step
         query = embedder.encode(["dogs"])[0]
-        assert [e.id for e in reopened.search_in_milvus(query, k=5)] == [merged.id]  # the server's own search
+        assert [e.id for e in reopened.search_in_store(query, k=5)] == [merged.id]  # the server's own search
 
 
 def test_hostile_speaker_names_select_exactly_their_rows_on_the_server(server_uri: str, embedder: Embedder) -> None:
@@ -73,7 +73,7 @@ def test_hostile_speaker_names_select_exactly_their_rows_on_the_server(server_ur
         query = embedder.encode(["memory"])[0]
         for speaker in HOSTILE_SPEAKERS:
             expected = {entry.id for entry in entries if entry.speaker == speaker}
-            assert {e.id for e in bank.search_in_milvus(query, speaker=speaker, k=50)} == expected
+            assert {e.id for e in bank.search_in_store(query, speaker=speaker, k=50)} == expected
 
 
 def test_a_fork_never_writes_to_the_server(server_uri: str, embedder: Embedder) -> None:

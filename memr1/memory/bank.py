@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 
@@ -178,16 +179,23 @@ class MemoryBank(MemoryView):
     @classmethod
     def open(cls, uri: str | Path, name: str, embedder: Embedder, *, token: str = "") -> MemoryBank:
         """Open (creating if needed) the bank `name` at `uri`: a Milvus Lite path ending in `.db`
-        (a directory; one process per file, `BankLockedError` otherwise), a Milvus server URI, or
-        ":memory:" (a new, empty bank that keeps nothing once closed; pymilvus is not imported)."""
+        (a directory; one process per file, `BankLockedError` otherwise), a Milvus server URI,
+        `qdrant:PATH` or `qdrant+http://host:port` (Qdrant, embedded or a server: the `qdrant` extra),
+        or ":memory:" (a new, empty bank that keeps nothing once closed; no store is imported)."""
         if str(uri) == MEMORY_URI:
             return cls(EphemeralStore(name), name, embedder, ())
-        from memr1.memory.store import MilvusStore, resolve_uri  # pymilvus: only for banks kept in Milvus
+        store_class: Any
+        if str(uri).startswith("qdrant"):
+            from memr1.memory import qdrant_store  # qdrant-client: only for banks kept in Qdrant
 
-        resolved = resolve_uri(uri)
+            store_class, resolved = qdrant_store.QdrantStore, qdrant_store.resolve_uri(str(uri))
+        else:
+            from memr1.memory.store import MilvusStore, resolve_uri  # pymilvus: only for banks kept in Milvus
+
+            store_class, resolved = MilvusStore, resolve_uri(uri)
         if (resolved, name) in _open_banks:
             raise MemoryBankError(f"{resolved}: bank {name!r} is already open in this process: share that MemoryBank")
-        store = MilvusStore.open(resolved, name, embedder.dim, token)
+        store = store_class.open(resolved, name, embedder.dim, token)
         try:
             bank = cls(store, name, embedder, store.rows())
         except BaseException:
@@ -259,13 +267,13 @@ class MemoryBank(MemoryView):
         chosen = (entry for entry in live if speaker is None or entry.speaker == speaker)
         return sorted(chosen, key=lambda entry: entry.created_step)
 
-    def search_in_milvus(self, vector: np.ndarray, speaker: str | None = None, k: int = 30) -> list[MemoryEntry]:
-        """Milvus' own filtered search over the stored rows: the reference the index is checked and
-        benchmarked against (much slower; `search` is the one to use)."""
+    def search_in_store(self, vector: np.ndarray, speaker: str | None = None, k: int = 30) -> list[MemoryEntry]:
+        """The store's own filtered search (Milvus' or Qdrant's) over its rows: the reference the index
+        is checked and benchmarked against (much slower; `search` is the one to use)."""
         self._check_usable()
         if self._released:
-            raise MemoryBankError(f"bank {self.name!r}: search_in_milvus needs the store, which was released")
-        where = f"bank {self.name!r}: search_in_milvus vector"
+            raise MemoryBankError(f"bank {self.name!r}: search_in_store needs the store, which was released")
+        where = f"bank {self.name!r}: search_in_store vector"
         query = unit_rows(np.asarray(vector)[None, :], self.embedder.dim, where)
         hits = self._store.search(query, speaker, k)[0]
         return [with_score(self._records[memory_id].entry, score) for memory_id, score in hits]

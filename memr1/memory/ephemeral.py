@@ -39,7 +39,7 @@ class EphemeralStore:
         return iter(())
 
     def search(self, vectors: np.ndarray, speaker: str | None, k: int) -> list[list[tuple[str, float]]]:
-        raise MemoryBankError(f"bank {self.collection!r} lives in memory ({MEMORY_URI}): there is no Milvus to search")
+        raise MemoryBankError(f"bank {self.collection!r} lives in memory ({MEMORY_URI}): there is no store to search")
 
     def close(self) -> None:
         pass
