@@ -172,6 +172,8 @@ def run_schedule(schedule: Schedule) -> int:
         command = stage_command(schedule, stage)
         log.info("%s: %s", position, " ".join(command[1:]))
         stage_started = time.perf_counter()
+        # The commit the stage's process starts from: the tree may move on while it runs.
+        started_from = code_version()
         code = _run_forwarding_signals(command)
         if code != 0:
             log.error(
@@ -179,7 +181,7 @@ def run_schedule(schedule: Schedule) -> int:
                 stage.name, code, directory,
             )
             return code
-        done = {"seconds": round(time.perf_counter() - stage_started, 1), "code": code_version()}
+        done = {"seconds": round(time.perf_counter() - stage_started, 1), "code": started_from}
         (directory / DONE).write_text(json.dumps(done) + "\n")
         log.info("stage %s finished in %.0f s", stage.name, time.perf_counter() - stage_started)
         if schedule.archive:
