@@ -332,7 +332,7 @@ def test_from_config_reads_the_training_config(tmp_path: Path) -> None:
     assert answer.agent == "answer" and isinstance(answer.bank_policy, LazyPolicy)  # the model loads only if needed
     assert answer.recipe.signature().startswith("locomo-observation-manager-")
     assert answer.recipe.writer["manager"]["precision"] == "fp32"  # the run's, which the Manager decides in
-    with pytest.raises(ValueError, match="data=msc: RL states come from LoCoMo"):
+    with pytest.raises(ValueError, match=r"data.kind=msc: RL states need conversations split by id .* MSC is a zero-shot test set"):
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             RLStatesDataModule.from_config(compose("train", overrides=["data=msc"]))
 
