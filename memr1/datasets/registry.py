@@ -28,6 +28,7 @@ from memr1.types import Conversation
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+
 @dataclass(frozen=True)
 class DatasetSpec:
     """One dataset, as the rest of memr1 sees it.

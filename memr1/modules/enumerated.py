@@ -71,7 +71,7 @@ class ManagerEnumeratedModule(ManagerRLModule):
                     continue
                 rewards = batch.scores.float()
                 reference = None
-                if self.algorithm.uses_reference(self.algo) or self.algo.set_mass_coef > 0 or self._projection:
+                if self.algorithm.uses_reference(self.algo):
                     with torch.no_grad(), self._reference() as frozen:
                         reference = self._sequence_logprobs(frozen, batch)
                 logprobs = self._sequence_logprobs(self.policy, batch)

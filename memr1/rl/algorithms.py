@@ -330,6 +330,10 @@ class Enumerated(Algorithm):
     def samples_per_state(self, algo: AlgoConfig) -> int:
         return 1
 
+    def uses_reference(self, algo: AlgoConfig) -> bool:
+        """Its KL, the set-mass term and the projection's target all read the reference's log-probs."""
+        return algo.kl_coef > 0 or algo.set_mass_coef > 0 or algo.operation_objective == "projection"
+
     def validate(self, algo: AlgoConfig) -> None:
         super().validate(algo)
         if algo.kl_coef < 0:
