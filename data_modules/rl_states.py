@@ -76,6 +76,8 @@ class RLStatesDataModule(LightningDataModule):
         super().__init__()
         if agent not in AGENTS:
             raise ValueError(f"RLStatesDataModule.agent: {agent!r} is not one of {AGENTS}")
+        if recipe.policy == "oracle":
+            raise ValueError("banks=oracle: an upper bound that reads the questions it is scored on, for evaluate.py; train on banks=add_all or banks=manager")
         if agent == "manager" and (recipe.uses_manager or recipe.source != "observation"):
             raise ValueError(
                 f"banks: Manager states are cut from ADD-all banks of the dataset's facts (banks=add_all "
@@ -142,7 +144,7 @@ class RLStatesDataModule(LightningDataModule):
             recipe=recipe,
             banks_dir=banks.dir,
             banks_uri=banks.uri,
-            bank_policy=memory_policy(recipe, manager, models.engine),
+            bank_policy=memory_policy(recipe, cfg, models.engine, ()),
             **({"window": cfg.model.window} if cfg.model.agent == "manager" else {}),
             num_candidates=manager.num_candidates,
             k_per_speaker=answer_config(cfg).k_per_speaker,

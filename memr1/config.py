@@ -58,7 +58,24 @@ class ManagerConfig:
             raise ValueError(f"manager.add_text: {self.add_text!r} is not one of {ADD_TEXTS}")
 
 
-BANK_POLICIES = ("add_all", "manager")
+BANK_POLICIES = ("add_all", "manager", "oracle")
+ORACLE_REWARDS = ("em", "f1")
+
+
+@dataclass(frozen=True)
+class OracleConfig:
+    """The search that decides an oracle's banks (`banks=oracle`): the search teacher's tie rule
+    (memr1/search_teacher.py) over the reward of the answers to the split's own questions."""
+
+    reward: str = "f1"               # em | f1: what each option's answers are scored by
+    min_margin: float = 0.1          # ADD stays unless an option beats it by more (or the answerer's own variation)
+    drop_factor: float = 2.0         # NONE / DELETE, which keep none of the fact, must beat ADD by this x the margin
+
+    def __post_init__(self) -> None:
+        if self.reward not in ORACLE_REWARDS:
+            raise ValueError(f"banks.oracle.reward: {self.reward!r} is not one of {ORACLE_REWARDS}")
+        if self.min_margin < 0 or self.drop_factor < 1:
+            raise ValueError(f"banks.oracle: min_margin must be >= 0 and drop_factor >= 1, got {self.min_margin}, {self.drop_factor}")
 
 
 @dataclass(frozen=True)
@@ -66,12 +83,18 @@ class BanksConfig:
     """Who writes the banks and where they are kept (`banks` group); with `memory` (what they are built
     from) it is the bank recipe (`memr1.banks.recipe`)."""
 
-    policy: str = "add_all"          # add_all | manager (the `manager` agent decides each fact)
+    policy: str = "add_all"          # add_all | manager (the `manager` agent decides each fact) | oracle (an upper bound)
     dir: str = "banks"               # built banks are kept here and reused by every identical recipe
     uri: str | None = None           # null: a Milvus Lite file under dir; http://host:port: a server; ":memory:": in the process only
     lock_wait_s: float = 1800.0      # wait this long for another process building or loading them
     embedder: str | None = None      # sentence-transformers model of memories and queries; null: all-MiniLM-L6-v2
+    oracle: OracleConfig | None = None  # banks=oracle's search; set by that config alone
 
     def __post_init__(self) -> None:
         if self.policy not in BANK_POLICIES:
             raise ValueError(f"banks.policy: {self.policy!r} is not one of {BANK_POLICIES}")
+        if (self.policy == "oracle") != (self.oracle is not None):
+            raise ValueError(
+                f"banks.oracle: the oracle's search settings go with banks=oracle and only with it "
+                f"(banks.policy={self.policy}, banks.oracle={'set' if self.oracle is not None else 'missing'})"
+            )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -37,8 +38,9 @@ from memr1.modules.manager import ManagerRLModule
 from memr1.modules.enumerated import ManagerEnumeratedModule
 from memr1.modules.sft import AnswerSFTModule, ManagerSFTModule
 from memr1.rl.algorithms import AlgoConfig
-from memr1.search_teacher import SearchManagerTeacher
+from memr1.search_teacher import OraclePolicy, SearchManagerTeacher
 from memr1.teachers import EndpointTeacher, EvidenceAnswerTeacher, RuleManagerTeacher, Teacher, TeacherTrajectories
+from memr1.types import Conversation
 
 log = logging.getLogger(__name__)
 
@@ -144,15 +146,35 @@ class ModelCache:
         return self._engines[ckpt]
 
 
-def memory_policy(recipe: BankRecipe, manager: ManagerConfig, engine: Any) -> MemoryPolicy:
-    """Who decides the operations of `recipe`'s banks: ADD-all, or the Memory Manager, greedy, on the
-    engine that `engine(manager.ckpt)` returns (called only when a bank still has items to take)."""
+def memory_policy(recipe: BankRecipe, cfg: DictConfig, engine: Callable[[str | None], GenerationEngine], conversations: Sequence[Conversation]) -> MemoryPolicy:
+    """Who decides the operations of `recipe`'s banks: ADD-all; the Memory Manager, greedy, on the
+    engine that `engine(manager.ckpt)` returns; or the oracle's search (`OraclePolicy`) over
+    `conversations`' own questions, answered on `engine(answer.ckpt)`. The models load only when a bank
+    still has items to take."""
+    manager = manager_config(cfg)
+    if recipe.policy == "oracle":
+        return LazyPolicy(lambda: oracle_policy(cfg, engine, conversations), manager.num_candidates)
     if not recipe.uses_manager:
         return AddAllPolicy()
     return LazyPolicy(
         lambda: ModelPolicy(engine(manager.ckpt), ManagerAgent(manager.add_text), SamplingConfig.greedy_up_to(manager.max_new_tokens), manager.num_candidates),
         manager.num_candidates,
     )
+
+
+def oracle_policy(cfg: DictConfig, engine: Callable[[str | None], GenerationEngine], conversations: Sequence[Conversation]) -> OraclePolicy:
+    """`banks=oracle`: the search teacher over the Answer Agent that answers the banks (`answer.*`),
+    scoring with `banks.oracle`'s reward and deciding by its rule."""
+    answer, oracle = answer_config(cfg), banks_config(cfg).oracle
+    env = ManagerEnv(
+        ManagerAgent("fact"), answer_agent(answer), engine(answer.ckpt), SamplingConfig.greedy_up_to(answer.max_new_tokens),
+        k_per_speaker=answer.k_per_speaker, reward=oracle.reward, credit="outcome",
+    )
+    teacher = SearchManagerTeacher(
+        env, env.variant(ManagerAgent("model"), credit="outcome"), answerer=str(answer.ckpt),
+        min_margin=oracle.min_margin, drop_factor=oracle.drop_factor,
+    )
+    return OraclePolicy(teacher, conversations, manager_config(cfg).num_candidates)
 
 
 def make_judge(cfg: DictConfig) -> Judge | None:

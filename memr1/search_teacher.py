@@ -31,8 +31,11 @@ from dataclasses import dataclass
 
 from memr1.agents.manager import temp_id_map
 from memr1.agents.text import one_line
+from memr1.banks.policies import add_op
 from memr1.envs.manager import ManagerEnv, ManagerState
+from memr1.memory import MemoryView
 from memr1.teachers import Taught
+from memr1.types import Conversation, Fact, MemoryEntry, MemoryOp, Question
 
 OPERATIONS = ("NONE", "ADD", "MERGE", "REPLACE", "DELETE")  # MERGE / REPLACE: the two UPDATE forms
 
@@ -142,3 +145,40 @@ class SearchManagerTeacher:
     def target(self, state: ManagerState, messages: Sequence[dict[str, str]]) -> Taught:
         choice = self.choose(state)
         return Taught(choice.option.reply, choice.details())
+
+
+class OraclePolicy:
+    """Banks decided by the search with the questions they are scored on: an upper bound, never a method.
+
+    Each fact whose turn some question of its conversation cites is decided by `teacher.choose` on the
+    bank as it stands (every option forked and answered by the frozen Answer Agent); a fact no question
+    cites is ADDed (every option would score nothing). `conversations` are the ones whose banks are
+    built; a fact is found in them by value (`Fact` is frozen).
+    """
+
+    def __init__(self, teacher: SearchManagerTeacher, conversations: Sequence[Conversation], num_candidates: int = 5) -> None:
+        self.teacher = teacher
+        self.num_candidates = num_candidates
+        self._owner: dict[Fact, Conversation] = {}
+        self._asking: dict[tuple[str, str], list[Question]] = {}  # (conversation, turn) -> questions citing it
+        for conversation in conversations:
+            for question in conversation.questions:
+                for dia_id in dict.fromkeys(question.evidence):
+                    self._asking.setdefault((conversation.sample_id, dia_id), []).append(question)
+            for fact in conversation.facts:
+                if self._owner.setdefault(fact, conversation) is not conversation:
+                    raise ValueError(f"OraclePolicy: the fact {fact.text!r} is in two conversations; its questions would be ambiguous")
+
+    def decide(self, facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]], banks: Sequence[MemoryView]) -> list[MemoryOp]:
+        ops = []
+        for fact, found, bank in zip(facts, candidates, banks):
+            conversation = self._owner.get(fact)
+            if conversation is None:
+                raise ValueError(f"OraclePolicy: the fact {fact.text!r} is in none of the conversations it was given")
+            questions = list(dict.fromkeys(q for dia_id in fact.dia_ids for q in self._asking.get((conversation.sample_id, dia_id), ())))
+            if not questions:
+                ops.append(add_op(fact))
+                continue
+            state = ManagerState(fact, conversation.sample_id, conversation.speakers, bank, list(found), questions)
+            ops.append(self.teacher.env.manager_agent.parse(self.teacher.choose(state).option.reply, fact, found))
+        return ops

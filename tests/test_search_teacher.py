@@ -26,9 +26,10 @@ from memr1.memory import MemoryBank
 from memr1.modules.enumerated import ManagerEnumeratedModule
 from memr1.rl import core
 from memr1.rl.algorithms import AlgoConfig
-from memr1.search_teacher import SearchManagerTeacher, label, options
+from memr1.banks.build import build_banks
+from memr1.search_teacher import OraclePolicy, SearchManagerTeacher, label, options
 from memr1.teachers import TeacherTrajectories
-from memr1.types import Fact, MemoryOp, OpKind, Question
+from memr1.types import Conversation, Fact, MemoryOp, OpKind, Question, Session, Turn
 
 DATE = "2:01 pm on 3 April, 2023"
 DOGS = Question("q-dogs", "conv-x", "What are the names of Andrew's dogs?", "Buddy and Scout", ("D4:2",), 1)
@@ -190,3 +191,23 @@ def test_the_enumerated_gradient_makes_the_merge_a_tiny_manager_ranks_last_its_l
     assert sum(metrics[f"ops/{kind}_frac"] for kind in ("add", "update", "delete", "noop")) == pytest.approx(1.0)
     assert metrics["enum/states_with_spread"] == 1.0 and metrics["enum/too_long_frac"] == 0.0
     assert metrics["reward/best_mean"] == pytest.approx(1.0) and metrics["reward/add_mean"] == pytest.approx(0.5)
+
+
+def test_the_oracle_builds_a_bank_with_the_search_of_the_questions_it_is_scored_on(tmp_path, embedder):
+    """banks=oracle: the fact the dogs question cites is merged into Buddy's memory (the search's choice,
+    by hand above); the facts no question cites are ADDed without a search."""
+    said = [(BUDDY, "D1:3"), (STALE, "D1:5"), ("Audrey had pasta for lunch", "D2:1")]
+    facts = [Fact(text, "Audrey" if "Audrey" in text else "Andrew", (turn,), int(turn[1]), DATE) for text, turn in said] + [SCOUT]
+    turns = [Turn(f.dia_ids[0], f.speaker, f.text, f.session, DATE) for f in facts]
+    sessions = tuple(Session(index, DATE, tuple(t for t in turns if t.session == index)) for index in (1, 2, 4))
+    conversation = Conversation("conv-x", "Andrew", "Audrey", sessions, tuple(facts), (DOGS,))
+    oracle = OraclePolicy(teacher(RuleReader()), [conversation], num_candidates=5)
+    with MemoryBank.open(tmp_path / "oracle.db", "conv_x", embedder) as bank:
+        build_banks({"conv-x": facts}, {"conv-x": bank}, oracle, tmp_path / "oracle.progress.json")
+        assert dict(bank.revision_counts()) == {"ADD": 3, "UPDATE": 1}
+        assert sorted(memory.text for memory in bank.entries()) == sorted(
+            ["Andrew adopted a dog named Buddy; Andrew adopted another dog, Scout", STALE, "Audrey had pasta for lunch"]
+        )
+    stranger = Fact("Someone else's fact", "Andrew", ("D9:1",), 9, DATE)
+    with pytest.raises(ValueError, match="in none of the conversations"):
+        oracle.decide([stranger], [[]], [bank])

@@ -25,7 +25,7 @@ from memr1.banks.policies import MemoryPolicy
 from memr1.config import BANK_POLICIES
 from memr1.embed import Embedder
 from memr1.llm.loading import weights_digest
-from memr1.memory import BankLockedError, MemoryBank
+from memr1.memory import BankLockedError, MemoryBank, MemoryView
 from memr1.memory.ephemeral import MEMORY_URI
 from memr1.timing import StageTimer
 from memr1.types import Conversation, Fact, MemoryEntry, MemoryOp
@@ -37,10 +37,11 @@ class BankRecipe:
     """What a set of banks is built from and by whom.
 
     data, data_path: the dataset kind and file. source: `memory.source` (observation | raw_turns | llm).
-    policy: "add_all", or "manager" (the Memory Manager decides; raw turns are always ADDed).
+    policy: "add_all", "manager" (the Memory Manager decides; raw turns are always ADDed) or "oracle"
+        (the search with the questions of the banks' own conversations, `memr1.search_teacher.OraclePolicy`).
     writer: the settings of every model that writes memories (the Manager's backbone, checkpoint, the
-        digest of its weights (`weights_digest`) and decoding; the extractor's, for source=llm); empty
-        for ADD-all over the dataset's items.
+        digest of its weights (`weights_digest`) and decoding; the extractor's, for source=llm; the
+        oracle's answerer and search rule); empty for ADD-all over the dataset's items.
     embedder: the sentence-transformers model of the vectors (`banks.embedder`; None: all-MiniLM-L6-v2).
     """
 
@@ -54,6 +55,8 @@ class BankRecipe:
     def __post_init__(self) -> None:
         if self.policy not in BANK_POLICIES:
             raise ValueError(f"banks.policy: {self.policy!r} is not one of {BANK_POLICIES}")
+        if self.policy == "oracle" and self.source != "observation":
+            raise ValueError(f"banks=oracle: it decides the dataset's facts, whose turns the questions cite (memory=facts); got memory.source={self.source}")
 
     @property
     def uses_manager(self) -> bool:
@@ -73,7 +76,7 @@ class BankRecipe:
         if manager and manager.get("add_text") == "model":  # the only ADD there was: banks built before the key keep their names
             del manager["add_text"]
         body = json.dumps(recipe, sort_keys=True, default=str)
-        policy = "manager" if self.uses_manager else "add_all"
+        policy = "manager" if self.uses_manager else "oracle" if self.policy == "oracle" else "add_all"
         return f"{self.data}-{self.source}-{policy}-{hashlib.sha256(body.encode()).hexdigest()[:10]}"
 
 
@@ -98,6 +101,19 @@ def bank_recipe(cfg: Any, *, precision: str) -> BankRecipe:
             "num_candidates": int(manager.num_candidates),
             "max_new_tokens": int(manager.max_new_tokens),
             "add_text": str(manager.add_text),
+        }
+    if policy == "oracle":
+        answer = cfg.answer
+        writer["oracle"] = {
+            "backbone": str(cfg.backbone.name_or_path),
+            "precision": precision,
+            "answerer": str(answer.ckpt),
+            "weights": None if answer.ckpt is None else weights_digest(answer.ckpt),
+            "distill": bool(answer.distill),
+            "k_per_speaker": int(answer.k_per_speaker),
+            "max_new_tokens": int(answer.max_new_tokens),
+            "num_candidates": int(cfg.manager.num_candidates),
+            **{key: cfg.banks.oracle[key] for key in ("reward", "min_margin", "drop_factor")},
         }
     embedder = cfg.banks.embedder
     return BankRecipe(str(cfg.data.kind), str(cfg.data.path), source, policy, writer, None if embedder is None else str(embedder))
@@ -193,5 +209,5 @@ class LazyPolicy:
             self._policy = self._make()
         return self._policy
 
-    def decide(self, facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]]) -> list[MemoryOp]:
-        return self._get().decide(facts, candidates)
+    def decide(self, facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]], banks: Sequence[MemoryView]) -> list[MemoryOp]:
+        return self._get().decide(facts, candidates, banks)

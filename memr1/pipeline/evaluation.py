@@ -24,7 +24,7 @@ from memr1.banks.recipe import bank_recipe, facts_cache_file, open_or_build_bank
 from memr1.datasets.locomo_file import load_locomo_split
 from memr1.datasets.registry import dataset_spec
 from memr1.embed import Embedder
-from memr1.factories import ModelCache, answer_agent, answer_config, banks_config, make_judge, manager_config, memory_policy, run_precision
+from memr1.factories import ModelCache, answer_agent, answer_config, banks_config, make_judge, memory_policy, run_precision
 from memr1.faults import fault_point
 from memr1.llm.sampling import SamplingConfig
 from memr1.pipeline.answering import Prediction, answer_questions
@@ -148,7 +148,7 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     facts_cache = facts_cache_file(recipe, banks_cfg.dir)
     items = memory_items_for(cfg, conversations, models, facts_cache, timer)
     with ExitStack() as stack:
-        policy = memory_policy(recipe, manager_config(cfg), models.engine)
+        policy = memory_policy(recipe, cfg, models.engine, conversations)
         with progress_bar() as bar:
             task = bar.add_task("building banks", total=None)
             banks = open_or_build_banks(
