@@ -153,28 +153,30 @@ class OraclePolicy:
     Each fact whose turn some question of its conversation cites is decided by `teacher.choose` on the
     bank as it stands (every option forked and answered by the frozen Answer Agent); a fact no question
     cites is ADDed (every option would score nothing). `conversations` are the ones whose banks are
-    built; a fact is found in them by value (`Fact` is frozen).
+    built, found by the id each fact is decided with (the same fact can be said in two conversations).
     """
 
     def __init__(self, teacher: SearchManagerTeacher, conversations: Sequence[Conversation], num_candidates: int = 5) -> None:
         self.teacher = teacher
         self.num_candidates = num_candidates
-        self._owner: dict[Fact, Conversation] = {}
+        self._conversations = {conversation.sample_id: conversation for conversation in conversations}
+        self._facts = {conversation.sample_id: frozenset(conversation.facts) for conversation in conversations}
         self._asking: dict[tuple[str, str], list[Question]] = {}  # (conversation, turn) -> questions citing it
         for conversation in conversations:
             for question in conversation.questions:
                 for dia_id in dict.fromkeys(question.evidence):
                     self._asking.setdefault((conversation.sample_id, dia_id), []).append(question)
-            for fact in conversation.facts:
-                if self._owner.setdefault(fact, conversation) is not conversation:
-                    raise ValueError(f"OraclePolicy: the fact {fact.text!r} is in two conversations; its questions would be ambiguous")
 
-    def decide(self, facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]], banks: Sequence[MemoryView]) -> list[MemoryOp]:
+    def decide(
+        self, conversation_ids: Sequence[str], facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]], banks: Sequence[MemoryView]
+    ) -> list[MemoryOp]:
         ops = []
-        for fact, found, bank in zip(facts, candidates, banks):
-            conversation = self._owner.get(fact)
+        for conversation_id, fact, found, bank in zip(conversation_ids, facts, candidates, banks):
+            conversation = self._conversations.get(conversation_id)
             if conversation is None:
-                raise ValueError(f"OraclePolicy: the fact {fact.text!r} is in none of the conversations it was given")
+                raise ValueError(f"OraclePolicy: the conversation {conversation_id!r} is not one of those it was given")
+            if fact not in self._facts[conversation_id]:
+                raise ValueError(f"OraclePolicy: the fact {fact.text!r} is not a fact of the conversation {conversation_id!r}")
             questions = list(dict.fromkeys(q for dia_id in fact.dia_ids for q in self._asking.get((conversation.sample_id, dia_id), ())))
             if not questions:
                 ops.append(add_op(fact))

@@ -99,7 +99,7 @@ class ScriptedPolicy:
     def __init__(self, facts: list[Fact]) -> None:
         self.position = {fact.text: index for index, fact in enumerate(facts)}
 
-    def decide(self, facts, candidates, banks):
+    def decide(self, conversation_ids, facts, candidates, banks):
         ops = []
         for fact, found in zip(facts, candidates):
             index = self.position[fact.text]
@@ -134,7 +134,7 @@ def test_a_build_counts_each_operation_once_across_a_kill(tmp_path, conversation
     assert describe_operations(expected) == "ADD 5 (50.0%), UPDATE 1 (10.0%), DELETE 1 (10.0%), NOOP 3 (30.0%; malformed 1, rejected 1)"
     with MemoryBank.open(tmp_path / "b.db", "bank", embedder) as bank:
         build_banks({"c": items[:7]}, {"c": bank}, policy, tmp_path / "b.json")  # the script's 7
-        (op,) = policy.decide([items[7]], [bank.search(items[7].text, speaker="Ana", k=2)], [bank])
+        (op,) = policy.decide(["c"], [items[7]], [bank.search(items[7].text, speaker="Ana", k=2)], [bank])
         bank.apply(op)  # item 7's ADD applied, then "killed" before the progress file was written
         build_banks(unbroken, {"c": bank}, policy, tmp_path / "b.json")
         assert bank_operations({"c": bank}, unbroken, tmp_path / "b.json") == expected

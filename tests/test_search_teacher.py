@@ -195,19 +195,25 @@ def test_the_enumerated_gradient_makes_the_merge_a_tiny_manager_ranks_last_its_l
 
 def test_the_oracle_builds_a_bank_with_the_search_of_the_questions_it_is_scored_on(tmp_path, embedder):
     """banks=oracle: the fact the dogs question cites is merged into Buddy's memory (the search's choice,
-    by hand above); the facts no question cites are ADDed without a search."""
+    by hand above); the facts no question cites are ADDed without a search. A second conversation that
+    says the same facts but asks nothing is all ADDs: each fact is decided with its own conversation's
+    questions."""
     said = [(BUDDY, "D1:3"), (STALE, "D1:5"), ("Audrey had pasta for lunch", "D2:1")]
     facts = [Fact(text, "Audrey" if "Audrey" in text else "Andrew", (turn,), int(turn[1]), DATE) for text, turn in said] + [SCOUT]
     turns = [Turn(f.dia_ids[0], f.speaker, f.text, f.session, DATE) for f in facts]
     sessions = tuple(Session(index, DATE, tuple(t for t in turns if t.session == index)) for index in (1, 2, 4))
     conversation = Conversation("conv-x", "Andrew", "Audrey", sessions, tuple(facts), (DOGS,))
-    oracle = OraclePolicy(teacher(RuleReader()), [conversation], num_candidates=5)
-    with MemoryBank.open(tmp_path / "oracle.db", "conv_x", embedder) as bank:
-        build_banks({"conv-x": facts}, {"conv-x": bank}, oracle, tmp_path / "oracle.progress.json")
+    silent_twin = Conversation("conv-y", "Andrew", "Audrey", sessions, tuple(facts), ())
+    oracle = OraclePolicy(teacher(RuleReader()), [conversation, silent_twin], num_candidates=5)
+    with MemoryBank.open(tmp_path / "oracle.db", "conv_x", embedder) as bank, MemoryBank.open(tmp_path / "twin.db", "conv_y", embedder) as twin:
+        build_banks({"conv-x": facts, "conv-y": facts}, {"conv-x": bank, "conv-y": twin}, oracle, tmp_path / "oracle.progress.json")
         assert dict(bank.revision_counts()) == {"ADD": 3, "UPDATE": 1}
         assert sorted(memory.text for memory in bank.entries()) == sorted(
             ["Andrew adopted a dog named Buddy; Andrew adopted another dog, Scout", STALE, "Audrey had pasta for lunch"]
         )
+        assert dict(twin.revision_counts()) == {"ADD": 4}
     stranger = Fact("Someone else's fact", "Andrew", ("D9:1",), 9, DATE)
-    with pytest.raises(ValueError, match="in none of the conversations"):
-        oracle.decide([stranger], [[]], [bank])
+    with pytest.raises(ValueError, match="is not a fact of the conversation 'conv-x'"):
+        oracle.decide(["conv-x"], [stranger], [[]], [bank])
+    with pytest.raises(ValueError, match="the conversation 'conv-z' is not one of those"):
+        oracle.decide(["conv-z"], [facts[2]], [[]], [bank])

@@ -152,7 +152,7 @@ def build_banks(
             remaining = items[conversation_id][cursor[conversation_id] :]
             if remaining:
                 with timer.time("manager", items=len(remaining)):
-                    ops = policy.decide(remaining, [()] * len(remaining), [bank] * len(remaining))
+                    ops = policy.decide([conversation_id] * len(remaining), remaining, [()] * len(remaining), [bank] * len(remaining))
                     bank.add_many(ops)
                 fault_point("bank_write")
                 cursor[conversation_id] += len(remaining)
@@ -173,7 +173,7 @@ def build_banks(
             with timer.time("fact_retrieval"):
                 candidates.append(banks[cid].search(fact.text, speaker=fact.speaker, k=policy.num_candidates))
         with timer.time("manager", items=len(facts)):
-            ops = policy.decide(facts, candidates, [banks[cid] for cid in active])
+            ops = policy.decide(active, facts, candidates, [banks[cid] for cid in active])
         for cid, op in zip(active, ops):
             if op.format_error is not None:
                 tally(cid, "malformed")

@@ -19,9 +19,12 @@ class MemoryPolicy(Protocol):
     #: How many similar memories the policy wants to see (0: it needs none, skip the search).
     num_candidates: int
 
-    def decide(self, facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]], banks: Sequence[MemoryView]) -> list[MemoryOp]:
-        """One operation per fact, each given its own candidate memories and the bank it is written to,
-        as it stands (a policy that prices its options forks it; the others never read it)."""
+    def decide(
+        self, conversation_ids: Sequence[str], facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]], banks: Sequence[MemoryView]
+    ) -> list[MemoryOp]:
+        """One operation per fact, each given the conversation it is from, its own candidate memories and
+        the bank it is written to, as it stands (a policy that prices its options forks it; the others
+        never read it)."""
 
 
 def add_op(fact: Fact) -> MemoryOp:
@@ -35,7 +38,9 @@ class AddAllPolicy:
 
     num_candidates = 0
 
-    def decide(self, facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]], banks: Sequence[MemoryView]) -> list[MemoryOp]:
+    def decide(
+        self, conversation_ids: Sequence[str], facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]], banks: Sequence[MemoryView]
+    ) -> list[MemoryOp]:
         return [add_op(fact) for fact in facts]
 
 
@@ -54,7 +59,9 @@ class ModelPolicy:
         self.sampling = sampling or SamplingConfig(max_new_tokens=128, temperature=0.0)
         self.num_candidates = num_candidates
 
-    def decide(self, facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]], banks: Sequence[MemoryView]) -> list[MemoryOp]:
+    def decide(
+        self, conversation_ids: Sequence[str], facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]], banks: Sequence[MemoryView]
+    ) -> list[MemoryOp]:
         prompts = [self.agent.build_messages(fact, cands) for fact, cands in zip(facts, candidates)]
         outputs = self.engine.generate(prompts, self.sampling)
         return [

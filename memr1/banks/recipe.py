@@ -209,5 +209,7 @@ class LazyPolicy:
             self._policy = self._make()
         return self._policy
 
-    def decide(self, facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]], banks: Sequence[MemoryView]) -> list[MemoryOp]:
-        return self._get().decide(facts, candidates, banks)
+    def decide(
+        self, conversation_ids: Sequence[str], facts: Sequence[Fact], candidates: Sequence[Sequence[MemoryEntry]], banks: Sequence[MemoryView]
+    ) -> list[MemoryOp]:
+        return self._get().decide(conversation_ids, facts, candidates, banks)
