@@ -96,7 +96,7 @@ def test_a_typo_in_a_key_fails_before_heavy_imports(tmp_path):
     [
         ("train.py", "+algo.actr_lr=1", "algo.actr_lr: no such key in algo (AlgoConfig); did you mean algo.actor_lr?"),
         ("evaluate.py", "+answer.k_per_speakr=3", "answer.k_per_speakr: no such key in answer (AnswerConfig); did you mean answer.k_per_speaker?"),
-        ("evaluate.py", "banks.policy=prompted", "banks.policy: 'prompted' is not one of ('add_all', 'manager')"),
+        ("evaluate.py", "banks.policy=prompted", "banks.policy: 'prompted' is not one of ('add_all', 'manager', 'oracle')"),
         ("train.py", "answer.max_new_tokens=0", "answer.max_new_tokens: must be >= 1, got 0"),
         ("evaluate.py", "manager.add_text=both", "manager.add_text: 'both' is not one of ('fact', 'model')"),
     ],
