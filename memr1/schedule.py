@@ -14,9 +14,9 @@ any interruption finishes the schedule without redoing finished work. A schedule
 folder (tracked in git) also outlives its machine: each finished stage is kept there and restored from
 there into a run root that lacks it (`memr1.stage_archive`).
 
-Stages marked `report: <label>` (evaluations) form the closing table: one row per label, F1 / BLEU-1 /
-EM / format errors / mean words from the stage's `report.json`, each row's F1 set against the first
-row's (the baseline) paired over the same questions with its 95% interval (`memr1 compare`), with a
+Stages marked `report: <label>` (evaluations) form the closing table, one per split: one row per label,
+F1 / BLEU-1 / EM / format errors / mean words from the stage's `report.json`, each row's F1 set against
+the first row of its split (the baseline) paired over the same questions with its 95% interval (`memr1 compare`), with a
 plain sentence saying whether the trained rows beat it, and how many answers changed. A stage's
 `versus: <label>` names the row its agent was trained from (SFT+GRPO's SFT), and a sentence says
 whether the training beat that too. "Beats" means the interval excludes 0.
@@ -285,12 +285,16 @@ def report_table(schedule: Schedule) -> str:
     rows = report_rows(schedule)
     if not rows:
         return ""
-    table, comparisons = scores_against_base(rows)
-    base = rows[0].report
-    lines = [table, ""]
-    lines.append(f"{int(base.scores.get('count', 0))} {base.split} questions, greedy decoding, the same questions and banks in "
-                 "every row; Δ paired over the questions, its 95% interval by bootstrap.")
-    lines += [comparison.verdict() for comparison in comparisons]
+    lines: list[str] = []
+    # One table per split, its first row the base: rows of different splits share no question.
+    for split in dict.fromkeys(row.report.split for row in rows):
+        same_split = [row for row in rows if row.report.split == split]
+        table, comparisons = scores_against_base(same_split)
+        base = same_split[0].report
+        lines += [*([""] if lines else []), table, ""]
+        lines.append(f"{int(base.scores.get('count', 0))} {split} questions, greedy decoding, the same questions and banks in "
+                     "every row; Δ paired over the questions, its 95% interval by bootstrap.")
+        lines += [comparison.verdict() for comparison in comparisons]
     by_label = {row.label: row for row in rows}
     for stage in schedule.stages:
         if stage.versus in by_label and stage.report in by_label:

@@ -90,11 +90,11 @@ def test_every_stage_of_every_schedule_composes_and_passes_the_typed_checks(name
 GOLDS = ("Rex", "2022", "three", "Paris")
 
 
-def write_report(directory: Path, f1: float, words: float, answers: tuple[str, ...]) -> None:
+def write_report(directory: Path, f1: float, words: float, answers: tuple[str, ...], split: str = "validation") -> None:
     """A finished evaluation stage: report.json's scores and the predictions.jsonl they came from."""
     directory.mkdir(parents=True)
     scores = {"f1": f1, "bleu1": f1 / 2, "em": 0.0, "format_error_rate": 50.0, "mean_answer_words": words, "count": 4}
-    EvalReport("an evaluation", scores, {}, {"split": "validation", "wall_time_s": 12.5}).write(directory)
+    EvalReport("an evaluation", scores, {}, {"split": split, "wall_time_s": 12.5}).write(directory)
     rows = [{"qid": f"q{i}", "gold": gold, "prediction": answer, "category": 1} for i, (answer, gold) in enumerate(zip(answers, GOLDS))]
     (directory / "predictions.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -120,6 +120,33 @@ def test_the_closing_table_sets_each_row_against_the_base_with_paired_intervals(
     assert "SFT+GRPO is within noise of base: F1 +50.00 [+0.00, +100.00]; 2 of 4 answers differ." in lines
     # GRPO started from SFT: against its own warm start, differences [0, 0, -100, -100].
     assert lines[-1] == "SFT+GRPO is within noise of SFT, the agent it was trained from: F1 -50.00 [-100.00, +0.00]; 2 of 4 answers differ."
+
+
+def test_rows_of_another_split_get_their_own_table_and_base(tmp_path):
+    """Validation and test rows in one schedule share no question: each split is set against its own
+    first row (the test rows answer different questions, by qid, from the validation ones)."""
+    spec = tmp_path / "two_splits.yaml"
+    spec.write_text(
+        "stages:\n"
+        "  - {name: val-base, script: evaluate.py, report: val base}\n"
+        "  - {name: val-oracle, script: evaluate.py, report: val oracle}\n"
+        "  - {name: test-base, script: evaluate.py, report: test base}\n"
+        "  - {name: test-oracle, script: evaluate.py, report: test oracle}\n"
+    )
+    schedule = load_schedule(str(spec), root=str(tmp_path / "runs"))
+    write_report(tmp_path / "runs" / "val-base", 0.0, 1.0, ("no", "no", "no", "no"))
+    write_report(tmp_path / "runs" / "val-oracle", 100.0, 1.0, GOLDS)
+    write_report(tmp_path / "runs" / "test-base", 0.0, 1.0, ("no", "no", "no", "no"), split="test")
+    write_report(tmp_path / "runs" / "test-oracle", 100.0, 1.0, GOLDS, split="test")
+    for name in ("test-base", "test-oracle"):  # other questions than validation's
+        path = tmp_path / "runs" / name / "predictions.jsonl"
+        path.write_text(path.read_text().replace('"qid": "q', '"qid": "t'))
+    lines = report_table(schedule).splitlines()
+    assert "| test base | 0.00 | 0.00 | 0.00 | 50.00 | 1.00 | base | 12.5 |" in lines
+    assert "4 validation questions, greedy decoding, the same questions and banks in every row; Δ paired over the questions, its 95% interval by bootstrap." in lines
+    assert "4 test questions, greedy decoding, the same questions and banks in every row; Δ paired over the questions, its 95% interval by bootstrap." in lines
+    assert "val oracle beats val base: F1 +100.00 [+100.00, +100.00]; 4 of 4 answers differ." in lines
+    assert "test oracle beats test base: F1 +100.00 [+100.00, +100.00]; 4 of 4 answers differ." in lines
 
 
 def test_versus_must_name_an_earlier_report(tmp_path):
