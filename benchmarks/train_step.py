@@ -12,7 +12,7 @@ tokenizer's vocabulary, no padding, random rewards in [0, 1)), which the module'
 place of sampling. PPO samples once per state in training; here it gets the same `states x G` rows as
 GRPO so that the two compare at equal tokens.
 
-The module is the one `train.py` builds (`memr1.training.build_module` from `conf/train.yaml`,
+The module is the one `train.py` builds (`memr1.training.build_module` from `memr1/conf/train.yaml`,
 `model=answer`, `trainer=cpu`: LoRA with the config's rank, a frozen reference copy for full GRPO,
 a critic on its own backbone for PPO, adapted like the policy) and runs inside a real Lightning
 `Trainer.fit` (CPU), one warm-up step then `--repeats` timed steps. `--old-logprobs rollout` (the
@@ -54,7 +54,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from machine import machine_info, print_machine  # noqa: E402  (benchmarks/machine.py, beside this script)
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "memr1" / "conf"
 RESULT_PREFIX = "TRAIN_STEP_RESULT "  # marks the child's result line among Lightning's output
 GIB = 1024**3
 LORA_MODES = ("full", "lora", "lora-top")  # no LoRA; adapters on every layer; on the last --top-layers only

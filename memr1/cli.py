@@ -1,4 +1,5 @@
-"""The `memr1` command: small tools, one subcommand each.
+"""The `memr1` command: the Hydra apps (`memr1 train ...`, `memr1 evaluate ...`) and small tools, one
+subcommand each.
 
 Adding a tool: write `configure(parser)` (its arguments) and `run(args) -> exit status`, and append a
 `Subcommand` to `SUBCOMMANDS`. A bad file or a bad value (OSError, ValueError, which includes
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -413,8 +415,17 @@ SUBCOMMANDS: list[Subcommand] = [
 ]
 
 
+#: The Hydra apps, run with their own command line (Hydra's overrides, `--cfg job`, `--help`).
+HYDRA_APPS = {"train": "memr1.apps.train", "evaluate": "memr1.apps.evaluate"}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="memr1", description="Memory-R1 tools.")
+    parser = argparse.ArgumentParser(
+        prog="memr1",
+        description="Memory-R1 tools.",
+        epilog="Training and evaluation: memr1 train [OVERRIDES] and memr1 evaluate [OVERRIDES], the Hydra "
+        "apps of memr1/conf (train.py and evaluate.py in a checkout); memr1 train --help lists their options.",
+    )
     subparsers = parser.add_subparsers(title="commands", dest="command", required=True)
     for subcommand in SUBCOMMANDS:
         subparser = subparsers.add_parser(subcommand.name, help=subcommand.help, description=subcommand.help)
@@ -423,7 +434,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run_hydra_app(name: str, overrides: Sequence[str]) -> int:
+    """`memr1 train ...` as `python train.py ...`: Hydra reads the command line itself, and exits 1 on
+    a failed run."""
+    app = importlib.import_module(HYDRA_APPS[name])
+    sys.argv = [f"memr1 {name}", *overrides]
+    app.main()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in HYDRA_APPS:
+        return run_hydra_app(argv[0], argv[1:])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse gives a positional list only the words before the first option: `pipeline NAME --root

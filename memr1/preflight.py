@@ -131,7 +131,7 @@ def check_typed_groups(cfg: DictConfig, groups: tuple[str, ...] = TRAIN_GROUPS) 
                 )
         missing = [name for name in fields if name not in node]
         if missing:
-            raise ConfigError(f"{group}: the keys {missing} of {schema.__name__} are not set (conf/{group}/*.yaml sets them all)")
+            raise ConfigError(f"{group}: the keys {missing} of {schema.__name__} are not set (memr1/conf/{group}/*.yaml sets them all)")
         instantiate_group(node)
 
 

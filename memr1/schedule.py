@@ -1,10 +1,10 @@
-"""Multi-stage schedules as one resumable command: `memr1 pipeline NAME` (conf/pipeline/NAME.yaml).
+"""Multi-stage schedules as one resumable command: `memr1 pipeline NAME` (memr1/conf/pipeline/NAME.yaml).
 
 A schedule is a list of stages, each one `train.py` or `evaluate.py` run with its own overrides in its
 own directory `<root>/<stage>` (train.py's `run_dir`, evaluate.py's `hydra.run.dir`). An argument may
 name an earlier stage's directory as `{stage-name}` (e.g. `answer.ckpt={answer-sft}/policy/best`) and the
-schedule's root as `{root}`. The paper's alternating schedule is `conf/pipeline/alternating.yaml`;
-`make train` runs `conf/pipeline/demo.yaml`.
+schedule's root as `{root}`. The paper's alternating schedule is `memr1/conf/pipeline/alternating.yaml`;
+`make train` runs `memr1/conf/pipeline/demo.yaml`.
 
 Resuming: a stage that finished has a `STAGE_DONE` file and is skipped; a training stage that was
 stopped (SIGTERM is passed on to it, Ctrl-C reaches it from the terminal; it checkpoints) or killed resumes from its newest
@@ -38,14 +38,16 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from memr1.apps import CONFIG_DIR
 from memr1.pipeline.report_file import REPORT_FILE
 from memr1.pipeline.tables import ScoredRun, compare_labelled, scores_against_base
 from memr1.provenance import code_version
 from memr1.stage_archive import DONE, archive_stage, archive_unfinished, restore_stage, unfinished_step
 
-ROOT = Path(__file__).resolve().parents[1]
-SCHEDULES = ROOT / "conf" / "pipeline"
-SCRIPTS = ("train.py", "evaluate.py")
+SCHEDULES = CONFIG_DIR / "pipeline"
+#: A stage's `script` (the paper's command it runs) and the app that is that command.
+APPS = {"train.py": "memr1.apps.train", "evaluate.py": "memr1.apps.evaluate"}
+SCRIPTS = tuple(APPS)
 
 log = logging.getLogger("memr1.pipeline")
 
@@ -70,7 +72,7 @@ class Schedule:
 def load_schedule(
     name_or_path: str, root: str | None = None, overrides: Sequence[str] = (), archive: str | None = None
 ) -> Schedule:
-    """The schedule `conf/pipeline/<name>.yaml` (or a YAML path), with its run root and archive folder
+    """The schedule `memr1/conf/pipeline/<name>.yaml` (or a YAML path), with its run root and archive folder
     (`root`, `archive`: the file's unless given); `overrides` are added to every stage
     of the script they are written for (`train.py:KEY=VALUE`, `evaluate.py:KEY=VALUE`) or of both, and an
     `algo.KEY` one only to the training stages whose algorithm reads it (GRPO's group size is not the
@@ -120,7 +122,7 @@ def read_by_algorithm(shared: Sequence[str], own: Sequence[str]) -> list[str]:
     from memr1.rl.algorithms import ALGORITHMS
 
     choosing = [arg for arg in [*shared, *own] if arg.split("=", 1)[0].lstrip("+~") in ("algo", "experiment")]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         algorithm = ALGORITHMS[compose("train", overrides=choosing).algo.name]
     kept = []
     for arg in shared:
@@ -145,7 +147,7 @@ def stage_command(schedule: Schedule, stage: Stage) -> list[str]:
             args.append("ckpt_path=last")
     else:
         args.append(f"hydra.run.dir={directory}")
-    return [sys.executable, str(ROOT / stage.script), *args]
+    return [sys.executable, "-m", APPS[stage.script], *args]
 
 
 def run_schedule(schedule: Schedule) -> int:
@@ -170,7 +172,7 @@ def run_schedule(schedule: Schedule) -> int:
                 continue
             log.info("%s: its checkpoint restored from %s", position, schedule.archive)
         command = stage_command(schedule, stage)
-        log.info("%s: %s", position, " ".join(command[1:]))
+        log.info("%s: %s", position, " ".join(["python", *command[1:]]))
         stage_started = time.perf_counter()
         # The commit the stage's process starts from: the tree may move on while it runs.
         started_from = code_version()
@@ -258,7 +260,7 @@ def _run_forwarding_signals(command: list[str]) -> int:
     """Run `command` so that a stop reaches it once, and it checkpoints before it exits: SIGTERM
     (schedulers, `kill`) is passed on to it; Ctrl-C already reaches it from the terminal, being in
     the same process group, so the runner only waits (a second copy would make it stop at once)."""
-    process = subprocess.Popen(command, cwd=ROOT)
+    process = subprocess.Popen(command)  # in this directory, where the schedule's root is
     previous = {
         signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, frame: process.send_signal(signum)),
         signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),

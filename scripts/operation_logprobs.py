@@ -1,7 +1,7 @@
 """How sure a Manager policy is of one operation: log pi of every operation's reply (the search
 teacher's options) on training states, and the share q(T) = softmax(log pi / T) leaves to the
 operations other than the policy's likeliest, for a few temperatures. Chooses `algo.operation_temperature`
-on training states, before any run (conf/algo/enumerated.yaml).
+on training states, before any run (memr1/conf/algo/enumerated.yaml).
 
     .venv/bin/python scripts/operation_logprobs.py experiment=cpu_lift/manager data=knowledge_update \\
         manager.ckpt=<SFT>/policy/last --states 12 --out results/manager/operation_logprobs.json
@@ -24,7 +24,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from data_modules.rl_states import RLStatesDataModule  # noqa: E402
+from memr1.apps import CONFIG_DIR  # noqa: E402
+from memr1.data_modules.rl_states import RLStatesDataModule  # noqa: E402
 from machine import machine_info  # noqa: E402  (benchmarks/machine.py)
 from memr1.factories import build_env, frozen_policy  # noqa: E402
 from memr1.llm.engines import encode_prompts  # noqa: E402
@@ -41,7 +42,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=["model=manager", *args.overrides])
     data = RLStatesDataModule.from_config(cfg)
     data.setup()

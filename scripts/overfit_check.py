@@ -1,7 +1,7 @@
 """Does the RL core learn? GRPO on 4 fixed training states until their sampled reward at least doubles.
 
 The module, environment and data are train.py's (`memr1.factories.build_module`, the RL state data
-module of conf/train.yaml), on the embedded SmolLM2-135M-Instruct: the no-distill Answer Agent with an
+module of memr1/conf/train.yaml), on the embedded SmolLM2-135M-Instruct: the no-distill Answer Agent with an
 F1 reward, G = 8, LoRA on the top 10 layers, actor LR 2e-3, 3 memories per speaker, 32 new tokens.
 The same 4 states (the data module's probe set) make every step's batch, so a rising reward means the
 policy fits them. Prints the machine (CPU, speed flags, load) and the precision it trains in (`precision=auto`
@@ -55,14 +55,14 @@ def main() -> None:
     from lightning.pytorch import Callback, Trainer, seed_everything
     from torch.utils.data import DataLoader
 
-    from data_modules.rl_states import RLStatesDataModule
+    from memr1.data_modules.rl_states import RLStatesDataModule
     from machine import machine_info, print_machine  # benchmarks/machine.py: the line every benchmark prints
     from memr1.quiet import quiet_third_party
     from memr1.factories import build_module
     from memr1.modules.outputs import StepOutput
 
     quiet_third_party()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(ROOT / "memr1" / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=[*OVERRIDES, *args.overrides])
     seed_everything(cfg.seed, verbose=False)
     data = RLStatesDataModule.from_config(cfg)

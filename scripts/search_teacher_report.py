@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import numpy as np  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from data_modules.rl_states import RLStatesDataModule  # noqa: E402
+from memr1.apps import CONFIG_DIR  # noqa: E402
+from memr1.data_modules.rl_states import RLStatesDataModule  # noqa: E402
 from machine import machine_info, print_machine  # noqa: E402  (benchmarks/machine.py)
 from memr1.factories import build_env, build_trajectories  # noqa: E402
 from memr1.search_teacher import OPERATIONS  # noqa: E402
@@ -44,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
     print_machine()
     load_before = os.getloadavg()[0]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=["model=manager", "algo=sft", "teacher=search", *args.overrides])
     data = RLStatesDataModule.from_config(cfg)
     data.setup()

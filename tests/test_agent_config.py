@@ -12,7 +12,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file, save_file
 
-from data_modules.rl_states import RLStatesDataModule
+from memr1.apps import CONFIG_DIR
+from memr1.data_modules.rl_states import RLStatesDataModule
 from memr1.banks.recipe import bank_recipe
 from memr1.factories import answer_agent, answer_config, build_module
 from memr1.llm.loading import changes_nothing, load_policy, load_tokenizer
@@ -20,7 +21,7 @@ from memr1.llm.sampling import SamplingConfig
 from memr1.llm.testing import save_lora_export, save_tiny_checkpoint
 from memr1.types import MemoryEntry, Question
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = CONFIG_DIR
 AGENT = ["answer.k_per_speaker=4", "answer.max_new_tokens=48", "answer.distill=false", "answer.max_answer_words=5"]
 QUESTION = Question(qid="c/q0", conversation_id="c", question="Where did Ann move?", answer="Lisbon", evidence=("D1:1",), category=4)
 MEMORIES = {"Ann": [MemoryEntry("m1", "Ann moved to Lisbon", "Ann", "9 May, 2023", provenance=("D1:1",))], "Bo": []}

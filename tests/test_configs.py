@@ -10,13 +10,14 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+from memr1.apps import CONFIG_DIR
 from memr1.config import AnswerConfig, BanksConfig, ManagerConfig
 from memr1.rl.algorithms import AlgoConfig
 from memr1.factories import algo_config, answer_config
 from memr1.preflight import EVALUATE_GROUPS, TRAIN_GROUPS, ConfigError, check_typed_groups
 from memr1.training import cpu_threads, trainer_kwargs
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = CONFIG_DIR
 
 
 def compose_config(name: str, overrides: list[str]):

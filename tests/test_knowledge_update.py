@@ -1,5 +1,5 @@
 """The knowledge-update set (memr1/datasets/knowledge_update.py): reproducible from its seed, loaded by
-the LoCoMo loader through conf/data/knowledge_update.yaml's splits, split by template family and by
+the LoCoMo loader through memr1/conf/data/knowledge_update.yaml's splits, split by template family and by
 person name, and each answer the current state that the evidence turns tell."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from memr1.apps import CONFIG_DIR
 from memr1.cli import main
 from memr1.datasets.knowledge_update import ACCUMULATED, CANCELLED, FAMILIES, REPLACED, UNCHANGED, generate, write
 from memr1.datasets.locomo import parse_locomo
 from memr1.pipeline.evaluation import load_split
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = CONFIG_DIR
 
 
 @pytest.fixture(scope="module")

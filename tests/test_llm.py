@@ -9,6 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from memr1.apps import CONFIG_DIR
 from memr1.llm.cache import atomic_directory, cache_root
 from memr1.llm.engines import HFEngine
 from memr1.llm.loading import (
@@ -26,7 +27,7 @@ from memr1.llm.testing import tiny_causal_lm
 from memr1.llm.value import ValueModel
 
 EMBEDDED = "embedded:smollm2-135m-instruct"
-CONF = Path(__file__).resolve().parent.parent / "conf" / "backbone"
+CONF = CONFIG_DIR / "backbone"
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +283,7 @@ def test_backbone_configs(name):
     path = CONF / f"{name}.yaml"
     assert path.read_text().startswith("# @package backbone\n")
     config = OmegaConf.load(path)
-    assert set(config) == {"name_or_path", "dtype", "lora_target_modules"}  # lengths are the agents' (conf/answer, conf/manager)
+    assert set(config) == {"name_or_path", "dtype", "lora_target_modules"}  # lengths are the agents' (memr1/conf/answer, memr1/conf/manager)
     resolve_dtype(config.dtype)
     assert {"q_proj", "v_proj"} <= set(config.lora_target_modules)
     if name == "smollm2-135m":

@@ -426,7 +426,7 @@ def test_default_locomo_path(tmp_path: Path) -> None:
 
 
 def test_data_module_downloads_parses_and_batches(tmp_path: Path) -> None:
-    from data_modules.locomo import LoCoMoDataModule
+    from memr1.data_modules.locomo import LoCoMoDataModule
 
     module = LoCoMoDataModule(
         path=tmp_path / "data" / "locomo10.json",
@@ -454,7 +454,7 @@ def test_data_module_downloads_parses_and_batches(tmp_path: Path) -> None:
 
 
 def test_a_missing_path_is_not_downloaded_unless_asked(tmp_path):
-    from data_modules.locomo import LoCoMoDataModule
+    from memr1.data_modules.locomo import LoCoMoDataModule
 
     missing = tmp_path / "typo" / "locomo10.json"
     with pytest.raises(FileNotFoundError, match=r"data.path=.*typo/locomo10.json: no such file.*data.download=true"):
@@ -467,7 +467,7 @@ def test_download_true_fetches_to_the_given_path_over_a_real_socket(tmp_path):
     import http.server
     import threading
 
-    from data_modules.locomo import LoCoMoDataModule
+    from memr1.data_modules.locomo import LoCoMoDataModule
     from memr1.datasets.download import sha256_of
 
     served = tmp_path / "served"
@@ -488,7 +488,7 @@ def test_download_true_fetches_to_the_given_path_over_a_real_socket(tmp_path):
 
 
 def test_a_checksum_mismatch_says_how_to_use_ones_own_copy():
-    from data_modules.locomo import LoCoMoDataModule
+    from memr1.data_modules.locomo import LoCoMoDataModule
     from memr1.datasets.download import ChecksumMismatchError
 
     with pytest.raises(ChecksumMismatchError, match=r"data.sha256=null"):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from memr1.apps import CONFIG_DIR
 from memr1.agents.extractor import FactExtractor
 from memr1.datasets.locomo import load_locomo
 from memr1.llm.engines import HFEngine
@@ -190,12 +191,12 @@ def test_extraction_is_cached_per_turn(tmp_path, conversations, tokenizer):
 
 
 def evaluation_config(tmp_path: Path, tokenizer, overrides: list[str]):
-    """conf/evaluate.yaml over a tiny random model saved as a checkpoint dir, with banks in tmp_path."""
+    """memr1/conf/evaluate.yaml over a tiny random model saved as a checkpoint dir, with banks in tmp_path."""
     model_dir = tmp_path / "tiny"
     tiny_causal_lm(tokenizer, seed=7).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     common = [f"backbone.name_or_path={model_dir}", f"banks.dir={tmp_path / 'banks'}", "answer.k_per_speaker=2"]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose("evaluate", overrides=common + overrides)
 
 

@@ -68,7 +68,7 @@ def test_a_loss_of_ones_own_is_loaded_by_its_module_path(tmp_path, monkeypatch):
 
 
 def test_two_gspo_steps_raise_the_logprob_of_rewarded_samples(tokenizer):  # noqa: F811 (the fixture)
-    # conf/algo/gspo.yaml's settings; the update is one pass, so the ratio is 1 and the narrow clip
+    # memr1/conf/algo/gspo.yaml's settings; the update is one pass, so the ratio is 1 and the narrow clip
     # does not bind: the step follows the group advantages.
     algo = AlgoConfig(
         name="grpo", policy_loss="gspo", clip_ratio_low=3e-4, clip_ratio_high=4e-4, loss_agg_mode="seq-mean-token-mean",

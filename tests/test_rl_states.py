@@ -26,8 +26,9 @@ from hydra import compose, initialize_config_dir
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from data_modules.locomo import LoCoMoDataModule
-from data_modules.rl_states import RLStatesDataModule
+from memr1.apps import CONFIG_DIR
+from memr1.data_modules.locomo import LoCoMoDataModule
+from memr1.data_modules.rl_states import RLStatesDataModule
 from memr1.banks.build import memory_items
 from memr1.banks.policies import AddAllPolicy
 from memr1.banks.recipe import BankRecipe, LazyPolicy, open_or_build_banks
@@ -40,7 +41,7 @@ from memr1.memory import MemoryBank
 from memr1.types import Conversation, knowable_at
 
 FIXTURE = Path(__file__).parent / "fixtures" / "locomo_mini.json"
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = CONFIG_DIR
 SPLITS = {"train": ["mini-1"], "validation": ["mini-2"], "test": []}
 RECIPE = BankRecipe("locomo", str(FIXTURE), "observation", "add_all")
 

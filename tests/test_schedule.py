@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from memr1.apps import CONFIG_DIR
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.testing import save_tiny_checkpoint
 from memr1.preflight import EVALUATE_GROUPS, TRAIN_GROUPS, check_typed_groups
@@ -60,7 +61,7 @@ def test_stage_commands_fill_in_directories_and_route_overrides(tmp_path):
     schedule = load_schedule("alternating", root=str(tmp_path), overrides=["seed=3", "train.py:lora.enabled=true", "evaluate.py:split=test"])
     grpo = next(s for s in schedule.stages if s.name == "manager-grpo")
     command = stage_command(schedule, grpo)
-    assert command[1].endswith("train.py")
+    assert command[1:3] == ["-m", "memr1.apps.train"]
     assert f"manager.ckpt={tmp_path}/manager-sft/policy/best" in command
     assert {"seed=3", "lora.enabled=true", f"run_dir={tmp_path}/manager-grpo"} <= set(command)
     assert "split=test" not in command and "ckpt_path=last" not in command
@@ -72,15 +73,15 @@ def test_stage_commands_fill_in_directories_and_route_overrides(tmp_path):
     assert "lora.enabled=true" not in evaluation
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "conf" / "pipeline").glob("*.yaml")))
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONFIG_DIR / "pipeline").glob("*.yaml")))
 def test_every_stage_of_every_schedule_composes_and_passes_the_typed_checks(name, tmp_path):
     """A misspelt key or a refused value in a late stage's arguments is found now, not hours into
     the schedule (the checkpoints the stages name do not exist yet: those checks run at the stage)."""
     schedule = load_schedule(name, root=str(tmp_path))
     for stage in schedule.stages:
         command = stage_command(schedule, stage)
-        overrides = [arg for arg in command[2:] if not arg.startswith(("run_dir=", "hydra."))]
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        overrides = [arg for arg in command[3:] if not arg.startswith(("run_dir=", "hydra."))]
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             cfg = compose(stage.script.removesuffix(".py"), overrides=overrides)
         check_typed_groups(cfg, TRAIN_GROUPS if stage.script == "train.py" else EVALUATE_GROUPS)
         if stage.script == "train.py" and cfg.model.get("credit") == "counterfactual":

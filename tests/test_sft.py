@@ -11,6 +11,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from lightning.pytorch import Trainer
 
+from memr1.apps import CONFIG_DIR
 from memr1.agents.answer import AnswerAgent
 from memr1.agents.manager import ManagerAgent
 from memr1.rl.algorithms import AlgoConfig
@@ -27,7 +28,7 @@ from memr1.teachers import EndpointTeacher, EvidenceAnswerTeacher, RuleManagerTe
 from memr1.types import Fact, MemoryEntry, OpKind, Question
 from tests.processes import free_port
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = CONFIG_DIR
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ agents, the metrics and `memr1 compare` run on it unchanged; `SPEC` names its ca
 
 Splits are by template family and by entity: every family (its phrasings, question and values), person
 name and chatter line belongs to one split, so no test template or name is seen in training. Sample ids are
-`ku-{split}-{NN}`; `conf/data/knowledge_update.yaml` lists them.
+`ku-{split}-{NN}`; `memr1/conf/data/knowledge_update.yaml` lists them.
 
 Limits: synthetic English from templates, one fact per turn, no turns that are not facts (LoCoMo's
 small talk), changes stated explicitly ("I moved to ..."), two values per accumulation, dates that
@@ -288,5 +288,5 @@ SPEC = DatasetSpec(
     categories=CATEGORY_NAMES,
     categories_source="memr1's generator (memr1/datasets/knowledge_update.py)",
     locomo_format=True,
-    missing_file="Write it with `memr1 knowledge-update` (seed 0, the set conf/data/knowledge_update.yaml reads).",
+    missing_file="Write it with `memr1 knowledge-update` (seed 0, the set memr1/conf/data/knowledge_update.yaml reads).",
 )

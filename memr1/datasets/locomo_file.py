@@ -1,5 +1,5 @@
 """The LoCoMo file on disk: where it is by default, checked (and fetched when allowed) once, parsed and
-cut into the paper's conversation splits. `data_modules.locomo.LoCoMoDataModule` and the evaluation
+cut into the paper's conversation splits. `memr1.data_modules.locomo.LoCoMoDataModule` and the evaluation
 both read LoCoMo through here."""
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ class OverlongBuffer:
 @dataclass
 class AlgoConfig:
     """The `algo` group: which algorithm (`name`, a key of `ALGORITHMS`) and its hyper-parameters;
-    defaults are the paper's (verl's) unless a comment in conf/algo says why not. How long a response
+    defaults are the paper's (verl's) unless a comment in memr1/conf/algo says why not. How long a response
     may be is the agent's (`max_new_tokens` of `answer` / `manager`). A setting the chosen algorithm
     does not read is listed in its `ignores`; `memr1.preflight` refuses it on the command line."""
 

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.vllm
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from data_modules.rl_states import RLStatesDataModule  # noqa: E402
+from memr1.apps import CONFIG_DIR  # noqa: E402
+from memr1.data_modules.rl_states import RLStatesDataModule  # noqa: E402
 from memr1.llm.engines import HFEngine  # noqa: E402
 from memr1.llm.loading import load_tokenizer  # noqa: E402
 from memr1.llm.sampling import SamplingConfig  # noqa: E402
@@ -31,7 +32,7 @@ from memr1.llm.vllm_engine import VLLMEngine  # noqa: E402
 from memr1.training import run_training  # noqa: E402
 from processes import parity_judge  # noqa: E402  (tests/processes.py)
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = CONFIG_DIR
 STEPS = 3
 TINY = {"hidden_size": 128, "num_heads": 2, "head_dim": 64}  # vLLM's CPU attention needs head_dim >= 64
 

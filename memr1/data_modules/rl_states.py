@@ -14,7 +14,7 @@ from lightning.pytorch import LightningDataModule
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader
 
-from data_modules.locomo import LoCoMoDataModule
+from memr1.data_modules.locomo import LoCoMoDataModule
 from memr1.banks.build import memory_items
 from memr1 import lightning_loop
 from memr1.banks.policies import AddAllPolicy, MemoryPolicy
