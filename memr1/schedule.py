@@ -133,8 +133,9 @@ def read_by_algorithm(shared: Sequence[str], own: Sequence[str]) -> list[str]:
     return kept
 
 
-def stage_command(schedule: Schedule, stage: Stage) -> list[str]:
-    """The stage's command line, with `{root}` and `{stage}` placeholders filled in."""
+def stage_arguments(schedule: Schedule, stage: Stage) -> list[str]:
+    """The stage's overrides, with `{root}` and `{stage}` placeholders filled in, its directory, and
+    `ckpt_path=last` for a training stage that has a checkpoint to resume from."""
     places = {"root": str(schedule.root), **{s.name: str(schedule.root / s.name) for s in schedule.stages}}
     try:
         args = [arg.format(**places) for arg in stage.args]
@@ -147,7 +148,12 @@ def stage_command(schedule: Schedule, stage: Stage) -> list[str]:
             args.append("ckpt_path=last")
     else:
         args.append(f"hydra.run.dir={directory}")
-    return [sys.executable, "-m", APPS[stage.script], *args]
+    return args
+
+
+def stage_command(schedule: Schedule, stage: Stage) -> list[str]:
+    """The stage's command line: its app in a fresh interpreter, with `stage_arguments`."""
+    return [sys.executable, "-m", APPS[stage.script], *stage_arguments(schedule, stage)]
 
 
 def run_schedule(schedule: Schedule) -> int:

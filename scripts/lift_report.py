@@ -133,7 +133,7 @@ def pipeline_runs(name: str, console: Console) -> tuple[list[RunSpec], list[RunS
     """From the schedule of `memr1 pipeline NAME`: its finished evaluation stages with a report label
     (in order), its finished RL training stages, the (trained, base) label pairs of its `versus` keys
     whose both rows are finished, and the command of each. Unfinished stages are named on `console`."""
-    from memr1.schedule import load_schedule, stage_command
+    from memr1.schedule import load_schedule, stage_arguments
 
     schedule = load_schedule(name)
     evals: list[RunSpec] = []
@@ -147,7 +147,7 @@ def pipeline_runs(name: str, console: Console) -> tuple[list[RunSpec], list[RunS
             waiting.append(stage.name)
             continue
         # The stage's command as scheduled: a resumed run's ckpt_path=last is how it was run, not what.
-        args = [arg for arg in stage_command(schedule, stage)[2:] if arg != "ckpt_path=last"]
+        args = [arg for arg in stage_arguments(schedule, stage) if arg != "ckpt_path=last"]
         command = shlex.join(["python", stage.script, *args])
         if stage.script == "evaluate.py" and stage.report:
             if stage.versus in [spec.label for spec in evals]:

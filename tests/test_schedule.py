@@ -21,7 +21,7 @@ from memr1.llm.testing import save_tiny_checkpoint
 from memr1.preflight import EVALUATE_GROUPS, TRAIN_GROUPS, check_typed_groups
 from memr1.provenance import code_version
 from memr1.pipeline.report_file import EvalReport
-from memr1.schedule import DONE, keep_progress, load_schedule, report_table, stage_command
+from memr1.schedule import DONE, keep_progress, load_schedule, report_table, stage_arguments, stage_command
 from memr1.stage_archive import UNFINISHED
 from tests.processes import ROOT, environment, wait_for_line
 
@@ -79,8 +79,7 @@ def test_every_stage_of_every_schedule_composes_and_passes_the_typed_checks(name
     the schedule (the checkpoints the stages name do not exist yet: those checks run at the stage)."""
     schedule = load_schedule(name, root=str(tmp_path))
     for stage in schedule.stages:
-        command = stage_command(schedule, stage)
-        overrides = [arg for arg in command[3:] if not arg.startswith(("run_dir=", "hydra."))]
+        overrides = [arg for arg in stage_arguments(schedule, stage) if not arg.startswith(("run_dir=", "hydra."))]
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             cfg = compose(stage.script.removesuffix(".py"), overrides=overrides)
         check_typed_groups(cfg, TRAIN_GROUPS if stage.script == "train.py" else EVALUATE_GROUPS)
