@@ -73,6 +73,7 @@ def f1_reward(completion: str, gold: str) -> float:
 def dump_prompts(path: Path, count: int, k: int) -> None:
     from hydra import compose, initialize_config_dir
 
+    from memr1.apps import CONFIG_DIR
     from memr1.data_modules.rl_states import RLStatesDataModule
     from memr1.envs.answer import AnswerEnv
     from memr1.agents.answer import AnswerAgent
@@ -81,7 +82,7 @@ def dump_prompts(path: Path, count: int, k: int) -> None:
     from memr1.llm.engines import default_eos_token_ids, encode_prompts
     from memr1.llm.loading import load_tokenizer, resolve_checkpoint
 
-    with initialize_config_dir(config_dir=str(ROOT / "memr1" / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         # Banks of its own (ADD-all, built in seconds): a training run may hold the default ones.
         cfg = compose("train", ["model=answer", "answer.distill=false", f"answer.k_per_speaker={k}", f"banks.dir={path.parent / 'banks'}"])
     data = RLStatesDataModule.from_config(cfg)
@@ -106,6 +107,7 @@ def run_memr1(args: argparse.Namespace, dumped: dict[str, Any]) -> dict[str, Any
     from lightning.pytorch import Callback, Trainer, seed_everything
     from torch.utils.data import DataLoader
 
+    from memr1.apps import CONFIG_DIR
     from memr1.envs.base import Reward
     from memr1.modules.outputs import StepOutput
     from memr1.factories import build_module
@@ -119,7 +121,7 @@ def run_memr1(args: argparse.Namespace, dumped: dict[str, Any]) -> dict[str, Any
         f"algo.actor_lr={args.lr}", f"algo.kl_coef={args.beta}", "algo.temperature=1.0",
         f"algo.micro_batch_size={args.group_size * args.states}", f"seed={args.seed}", "precision=fp32",
     ]
-    with initialize_config_dir(config_dir=str(ROOT / "memr1" / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides)
     seed_everything(args.seed, verbose=False)
     module = build_module(cfg)

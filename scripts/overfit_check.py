@@ -55,6 +55,7 @@ def main() -> None:
     from lightning.pytorch import Callback, Trainer, seed_everything
     from torch.utils.data import DataLoader
 
+    from memr1.apps import CONFIG_DIR
     from memr1.data_modules.rl_states import RLStatesDataModule
     from machine import machine_info, print_machine  # benchmarks/machine.py: the line every benchmark prints
     from memr1.quiet import quiet_third_party
@@ -62,7 +63,7 @@ def main() -> None:
     from memr1.modules.outputs import StepOutput
 
     quiet_third_party()
-    with initialize_config_dir(config_dir=str(ROOT / "memr1" / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[*OVERRIDES, *args.overrides])
     seed_everything(cfg.seed, verbose=False)
     data = RLStatesDataModule.from_config(cfg)

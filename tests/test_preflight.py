@@ -152,10 +152,11 @@ def test_a_preset_may_set_what_the_chosen_algorithm_does_not_read():
     preset still composes and passes (only the command line is refused)."""
     from hydra import compose, initialize_config_dir
 
+    from memr1.apps import CONFIG_DIR
     from memr1.preflight import TRAIN_GROUPS, check_no_ignored_overrides, check_typed_groups
     from memr1.rl.algorithms import ALGORITHMS
 
-    with initialize_config_dir(config_dir=str(ROOT / "memr1" / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["experiment=cpu_lift/answer", "algo=sft"])
     check_typed_groups(cfg, TRAIN_GROUPS)
     assert cfg.algo.group_size == 4  # set by the preset, unread by SFT
