@@ -116,8 +116,9 @@ def stop(processes: list[subprocess.Popen]) -> None:
 def answer_section(args: argparse.Namespace, conversation, scratch: Path) -> tuple[dict, Table]:
     questions = [q.question for q in conversation.questions][: args.questions]
     results: dict[str, dict] = {}
-    answerer = text_model(MODEL)
-    memory = Memory(scratch, answerer=answerer, k=args.k, max_new_tokens=args.max_new_tokens)
+    adapter = None if args.answer == "base" else args.answer
+    answerer = text_model(MODEL, adapter=adapter)
+    memory = Memory(scratch, answerer=answerer, k=args.k, max_new_tokens=args.max_new_tokens, distill=not args.no_distill)
     for fact in conversation.facts:
         memory.add(fact.text, user_id=USER, infer=False)
     memory.answer(questions[0], user_id=USER)  # warm-up, untimed: the first generation allocates
@@ -130,7 +131,8 @@ def answer_section(args: argparse.Namespace, conversation, scratch: Path) -> tup
     memory.close()
     del answerer
 
-    process, url = start_server(scratch, "--model", MODEL, "--k", str(args.k), "--max-new-tokens", str(args.max_new_tokens))
+    agent = ["--answer", args.answer, *(["--no-distill"] if args.no_distill else [])]
+    process, url = start_server(scratch, "--model", MODEL, *agent, "--k", str(args.k), "--max-new-tokens", str(args.max_new_tokens))
     try:
         with httpx.Client(base_url=url, timeout=600) as client:
             def post(route: str, body: dict) -> None:
@@ -172,7 +174,8 @@ def answer_section(args: argparse.Namespace, conversation, scratch: Path) -> tup
         "search": {**percentiles(mcp_search_s), "per_s": len(mcp_search_s) / mcp_search_wall},
         "add": {**percentiles(mcp_add_s), "per_s": len(mcp_add_s) / mcp_add_wall},
     }
-    table = Table(title=f"memr1 serve vs in-process Memory (conv-30, {len(conversation.facts)} memories, k={args.k}; "
+    agent = f"{args.answer}{', no distill' if args.no_distill else ''}"
+    table = Table(title=f"memr1 serve vs in-process Memory (conv-30, {len(conversation.facts)} memories, k={args.k}, answer {agent}; "
                         f"{args.workers} clients at once: {search_concurrent:.1f} searches/s)")
     for column in ("call", "side", "n", "p50 ms", "p95 ms", "per s", "p50 / in-process (add: / REST)"):
         table.add_column(column, justify="right")
@@ -307,6 +310,8 @@ def main() -> None:
     parser.add_argument("--answers", type=int, default=12, help="answer: answer calls on each side")
     parser.add_argument("--k", type=int, default=5, help="answer: memories shown to the Answer Agent")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--answer", default="base", help="answer: the Answer Agent, 'base' (the untrained backbone) or a shipped agent (trained:NAME)")
+    parser.add_argument("--no-distill", action="store_true", help="answer: answer directly, without listing the memories used")
     parser.add_argument("--workers", type=int, default=4, help="concurrent clients (answer: searches; replicas: the mixed load)")
     parser.add_argument("--users", type=int, default=10_000, help="tenants: users in the collection")
     parser.add_argument("--new-users", type=int, default=200, help="tenants: new users timed")

@@ -1,28 +1,29 @@
 #!/usr/bin/env bash
 # Memory-SFT against the untrained agents on the whole validation split (conv-30, 81 questions), and the
 # Manager's first GRPO steps from its SFT warm start (format errors, zero-spread groups). About 30 min
-# on 2 cores, one job at a time. Needs the Answer Agent's SFT export of `make train`
-# (runs/demo/answer-sft/policy/last). Each step is skipped when its output exists: rerun to resume.
+# on 2 cores, one job at a time. The lift's Answer Agent settings (experiment=cpu_lift/answer: 5 memories
+# per speaker, 64 new tokens). Each step is skipped when its output exists: rerun to resume.
 #   bash scripts/sft_validation.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${1:-runs/sft_validation}
-ANSWER_SFT=runs/demo/answer-sft/policy/last
 mkdir -p "$OUT"
 
-evaluate() {  # NAME OVERRIDES...: evaluate.py on all 81 validation questions, the demo's agent settings
+evaluate() {  # NAME OVERRIDES...: evaluate.py on all 81 validation questions
   local name=$1; shift
-  [ -f "$OUT/$name/report.json" ] || $PY evaluate.py experiment=demo max_questions=null "hydra.run.dir=$OUT/$name" "$@"
+  [ -f "$OUT/$name/report.json" ] || $PY evaluate.py experiment=cpu_lift/answer "hydra.run.dir=$OUT/$name" "$@"
 }
 train() {  # NAME OVERRIDES...
   local name=$1; shift
   [ -d "$OUT/$name/policy/last" ] || $PY train.py "run_dir=$OUT/$name" "$@"
 }
 
-# The Answer Agent (distilling, ADD-all banks): untrained vs SFT.
+# The Answer Agent (distilling, ADD-all banks): untrained vs 20 steps of Memory-SFT.
+train answer-sft experiment=cpu_lift/answer algo=sft algo.actor_lr=3.0e-4 data_loader.max_steps=20 \
+  data_loader.val_before_train=false data_loader.limit_val_batches=0
 evaluate answer-base
-evaluate answer-sft "ckpt=$ANSWER_SFT"
+evaluate answer-sft "ckpt=$OUT/answer-sft/policy/last"
 
 # The Memory Manager: SFT on the rule teacher, with cpu_lift/manager's states and LoRA; no validation
 # inside (the evaluations below score it).

@@ -100,7 +100,15 @@ def write_report(directory: Path, f1: float, words: float, answers: tuple[str, .
 
 
 def test_the_closing_table_sets_each_row_against_the_base_with_paired_intervals(tmp_path):
-    schedule = load_schedule("demo", root=str(tmp_path))
+    spec = tmp_path / "base_sft_grpo.yaml"
+    spec.write_text(
+        "stages:\n"
+        "  - {name: base-eval, script: evaluate.py, report: base}\n"
+        "  - {name: sft-eval, script: evaluate.py, report: SFT}\n"
+        "  - {name: answer-grpo, script: train.py}\n"
+        "  - {name: grpo-eval, script: evaluate.py, report: SFT+GRPO, versus: SFT}\n"
+    )
+    schedule = load_schedule(str(spec), root=str(tmp_path))
     write_report(tmp_path / "base-eval", 0.0, 14.0, ("no", "no", "no", "no"))
     write_report(tmp_path / "sft-eval", 100.0, 3.0, GOLDS)
     write_report(tmp_path / "grpo-eval", 50.0, 2.5, ("Rex", "2022", "no", "no"))
