@@ -195,6 +195,8 @@ def check_train(cfg: DictConfig) -> None:
         )
     if cfg.algo.name == "sft" and cfg.teacher.kind == "endpoint" and not (cfg.teacher.get("url") and cfg.teacher.get("model")):
         raise ValueError("teacher=endpoint needs teacher.url=http://HOST:PORT/v1 and teacher.model=NAME")
+    if cfg.algo.name == "sft" and cfg.algo.operation_weights and cfg.model.agent != "manager":
+        raise ConfigError("algo.operation_weights weighs the Memory Manager's targets by their operation; use it with model=manager")
     if cfg.algo.name == "sft" and cfg.teacher.kind == "search" and cfg.model.agent != "manager":
         raise ConfigError("teacher=search searches the Memory Manager's operations; use it with model=manager")
     if algorithm.enumerates_actions and (cfg.model.agent != "manager" or cfg.teacher.kind != "search"):

@@ -141,6 +141,8 @@ def test_counterfactual_credit_with_a_group_baseline_is_refused(tmp_path):
         (["algo=grpo", "algo.policy_loss=cispo"], "algo.policy_loss: 'cispo' is not one of memr1's (gspo, vanilla) nor an importable module path"),
         (["model=manager", "algo=enumerated"], "use it with model=manager teacher=search (got model.agent=manager, teacher.kind=dataset)"),
         (["model=answer", "teacher=search", "algo=enumerated"], "weighs every operation of the Memory Manager"),
+        (["algo=grpo", "+algo.operation_weights.update=5"], "algo=grpo does not use algo.operation_weights: it learns from its own responses"),
+        (["model=answer", "algo=sft", "+algo.operation_weights.update=5"], "algo.operation_weights weighs the Memory Manager's targets by their operation"),
     ],
 )
 def test_each_algorithm_refuses_the_settings_it_would_ignore_before_torch_loads(tmp_path, overrides, message):

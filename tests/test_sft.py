@@ -16,13 +16,15 @@ from memr1.agents.answer import AnswerAgent
 from memr1.agents.manager import ManagerAgent
 from memr1.rl.algorithms import AlgoConfig
 from memr1.envs.answer import AnswerEnv, AnswerState
-from memr1.envs.manager import ManagerState
 from memr1.llm.engines import encode_prompts
 from memr1.llm.loading import WARM_START_FILE, checkpoint_chain, load_policy, load_tokenizer
 from memr1.llm.openai_client import EndpointError
 from memr1.llm.sharding import full_state_dict
 from memr1.llm.testing import save_lora_export, save_tiny_checkpoint
-from memr1.modules.sft import AnswerSFTModule
+from memr1.envs.manager import ManagerEnv, ManagerState
+from memr1.llm.engines import HFEngine
+from memr1.llm.sampling import SamplingConfig
+from memr1.modules.sft import AnswerSFTModule, ManagerSFTModule
 from memr1.rl import core
 from memr1.teachers import EndpointTeacher, EvidenceAnswerTeacher, RuleManagerTeacher, TeacherTrajectories, closest_to_answer
 from memr1.types import Fact, MemoryEntry, OpKind, Question
@@ -61,6 +63,11 @@ def test_sft_loss_is_the_mean_nll_of_response_tokens_only():
     assert float(core.sft_loss(logprobs, mask)) == pytest.approx(2.0)
     # Per sequence: (1.5 + 3) / 2.
     assert float(core.sft_loss(logprobs, mask, "seq-mean-token-mean")) == pytest.approx(2.25)
+    # Weighed 2 and 1: the first row's tokens count twice, the denominator stays 3 tokens: (2 + 4 + 3) / 3;
+    # per sequence (2 x 1.5 + 3) / 2.
+    weights = torch.tensor([2.0, 1.0])
+    assert float(core.sft_loss(logprobs, mask, weights=weights)) == pytest.approx(3.0)
+    assert float(core.sft_loss(logprobs, mask, "seq-mean-token-mean", weights=weights)) == pytest.approx(3.0)
 
 
 def test_the_module_loss_scores_the_target_tokens_after_the_prompt(backbone, tokenizer, tmp_path):
@@ -81,6 +88,38 @@ def test_the_module_loss_scores_the_target_tokens_after_the_prompt(backbone, tok
     logp = torch.log_softmax(logits.float(), dim=-1)
     expected = -sum(float(logp[len(prompt) + j - 1, token]) for j, token in enumerate(target)) / len(target)
     assert module.sft_loss_of([state]) == pytest.approx(expected, abs=1e-4)
+
+
+def test_the_manager_weighs_each_target_by_the_operation_it_teaches(backbone, tokenizer, tmp_path):
+    """algo.operation_weights: the rule teacher's NONE (a near-duplicate) weighs 3, its ADD 1 (unnamed);
+    per sequence, the pair's loss is (3 x the NONE's loss + the ADD's) / 2."""
+    policy, _ = load_policy(backbone)
+    fact = Fact("Ann moved to Lisbon in May", "Ann", ("D2:4",), 2, "9 May, 2023")
+    far = MemoryEntry("m1", "Ann likes tea", "Ann", score=0.30)
+    near = MemoryEntry("m3", "Ann moved to Lisbon", "Ann", score=0.91)
+    kept = ManagerState(fact, "conv-x", ("Ann", "Bo"), bank=None, candidates=[far, near], questions=[QUESTION])
+    added = ManagerState(fact, "conv-x", ("Ann", "Bo"), bank=None, candidates=[far], questions=[QUESTION])
+    env = ManagerEnv(ManagerAgent(), AnswerAgent(), HFEngine(policy, tokenizer), SamplingConfig(max_new_tokens=8, temperature=0.0), k_per_speaker=5)
+
+    def module(**weights: float) -> ManagerSFTModule:
+        algo = AlgoConfig(name="sft", loss_agg_mode="seq-mean-token-mean", operation_weights=weights)
+        trajectories = TeacherTrajectories(RuleManagerTeacher(duplicate_score=0.85), tmp_path / "manager.jsonl")
+        return ManagerSFTModule(policy, tokenizer, env, algo, max_new_tokens=64, trajectories=trajectories)
+
+    weighed = module(noop=3.0)
+    prompts = [env.prompt(kept), env.prompt(added)]
+    assert weighed.target_weights([kept, added], weighed.trajectories.targets([kept, added], prompts)) == [3.0, 1.0]
+    plain = module()
+    expected = (3.0 * plain.sft_loss_of([kept]) + plain.sft_loss_of([added])) / 2
+    assert weighed.sft_loss_of([kept, added]) == pytest.approx(expected, rel=1e-5)
+    assert plain.sft_loss_of([kept, added]) == pytest.approx((plain.sft_loss_of([kept]) + plain.sft_loss_of([added])) / 2, rel=1e-5)
+
+
+def test_operation_weights_name_an_operation_and_are_finite_weights():
+    with pytest.raises(ValueError, match="algo.operation_weights.merge: not an operation; the operations are add, update, delete, noop"):
+        AlgoConfig(name="sft", operation_weights={"merge": 2.0})
+    with pytest.raises(ValueError, match=r"algo.operation_weights.update: must be a finite weight >= 0, got -1.0"):
+        AlgoConfig(name="sft", operation_weights={"update": -1.0})
 
 
 def test_the_evidence_teacher_copies_the_evidence_memories_then_the_gold_answer():

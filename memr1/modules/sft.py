@@ -8,7 +8,8 @@ checkpoints, resume and `policy/{best,last}` exports, so an SFT export is a warm
 
 One step: the teacher's target for each state (cached), prompt + target tokenized as a rollout would be
 (the chat template's generation prompt, the target, EOS), the NLL of the target tokens only
-(`core.sft_loss`), accumulated over micro-batches, one clipped optimizer step.
+(`core.sft_loss`, each target weighed by `target_weights`: the Manager's by the operation it teaches,
+`algo.operation_weights`), accumulated over micro-batches, one clipped optimizer step.
 """
 
 from __future__ import annotations
@@ -49,7 +50,12 @@ class SupervisedStep(RLModule):
             truncated += len(ids) > self.max_new_tokens
             responses.append(ids[: self.max_new_tokens])
         batch = pack_rollouts(encode_prompts(self.tokenizer, prompts), responses, [0.0] * len(states), self.tokenizer.pad_token_id)
+        batch.weights = torch.tensor(self.target_weights(states, targets), dtype=torch.float32)
         return batch.to(self.device), truncated
+
+    def target_weights(self, states: list[Any], targets: list[str]) -> list[float]:
+        """Each target's weight in the loss: 1, unless an agent's module weighs its targets."""
+        return [1.0] * len(targets)
 
     def training_step(self, states: list[Any], batch_idx: int) -> dict[str, StepOutput]:
         started = time.perf_counter()
@@ -65,7 +71,7 @@ class SupervisedStep(RLModule):
             for micro in batch.minibatches(self.algo.micro_batch_size):
                 raise_if_requested()  # before the optimizer step nothing has changed: a stop loses nothing
                 logprobs, _ = response_logprobs(self.policy, micro, share_prompt=False)
-                loss = core.sft_loss(logprobs, micro.response_mask.float(), self.algo.loss_agg_mode, denominator)
+                loss = core.sft_loss(logprobs, micro.response_mask.float(), self.algo.loss_agg_mode, denominator, micro.weights)
                 self.manual_backward(loss)
                 fault_point("micro_batch")
                 loss_sum += float(loss.detach()) / denominator.ranks
@@ -94,7 +100,7 @@ class SupervisedStep(RLModule):
         with self.compute_precision():
             logprobs, _ = response_logprobs(self.policy, batch, share_prompt=False)
         denominator = core.LossDenominator.of(batch.response_mask, norm_length=self.max_new_tokens)
-        return float(core.sft_loss(logprobs, batch.response_mask.float(), self.algo.loss_agg_mode, denominator))
+        return float(core.sft_loss(logprobs, batch.response_mask.float(), self.algo.loss_agg_mode, denominator, batch.weights))
 
 
 class AnswerSFTModule(SupervisedStep, AnswerRLModule):
@@ -103,3 +109,10 @@ class AnswerSFTModule(SupervisedStep, AnswerRLModule):
 
 class ManagerSFTModule(SupervisedStep, ManagerRLModule):
     """Memory-SFT of the Memory Manager."""
+
+    def target_weights(self, states: list[Any], targets: list[str]) -> list[float]:
+        """`algo.operation_weights` of the operation each target teaches (a NONE or a malformed target
+        is a NOOP, as the Manager's parser reads it)."""
+        weights = self.algo.operation_weights
+        operations = [self.env.manager_agent.parse(target, state.fact, state.candidates).kind for state, target in zip(states, targets, strict=True)]
+        return [weights.get(operation.value.lower(), 1.0) for operation in operations]

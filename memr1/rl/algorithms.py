@@ -11,6 +11,7 @@ instantiates `AlgoConfig` and refuses a bad setting in about a second, before an
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -90,6 +91,8 @@ class AlgoConfig:
     set_mass_coef: float = 0.0          # algo=enumerated: weight of the operations' total probability lost below the reference's
     operation_objective: str = "expected"  # algo=enumerated: "expected" (the gradient of E_q[R]) or "projection" (toward q*)
     projection_beta: float = 0.1        # algo=enumerated, projection: q* = softmax(log q_ref / T + R / beta)
+    # algo=sft on the Manager: each teacher target's weight in the loss by its operation (OPERATION_NAMES; unnamed: 1)
+    operation_weights: dict[str, float] = field(default_factory=dict)
     filter_groups: FilterGroups = field(default_factory=FilterGroups)
     overlong_buffer: OverlongBuffer = field(default_factory=OverlongBuffer)
 
@@ -99,6 +102,7 @@ class AlgoConfig:
             self.filter_groups = _nested(FilterGroups, "filter_groups", self.filter_groups)
         if isinstance(self.overlong_buffer, Mapping):
             self.overlong_buffer = _nested(OverlongBuffer, "overlong_buffer", self.overlong_buffer)
+        self.operation_weights = {str(name): float(weight) for name, weight in dict(self.operation_weights).items()}
         if self.name not in ALGORITHMS:
             raise ValueError(f"algo.name: {self.name!r} is not one of {tuple(ALGORITHMS)}")
         if self.micro_batch_size < 1:
@@ -197,6 +201,8 @@ CRITIC_KEYS = {key: _NO_CRITIC for key in ("critic_lr", "value_clip", "gamma", "
 _ONE_SAMPLE = "it samples one response per state and has no group"
 GROUP_KEYS = {key: _ONE_SAMPLE for key in ("group_size", "share_prompt", "filter_groups")}
 _NO_ROLLOUT = "it trains on the teacher's targets: no rollout, no reward, no policy ratio"
+_OWN_RESPONSES = "it learns from its own responses; weighing the teacher's targets is algo=sft's"
+SFT_KEYS = {"operation_weights": _OWN_RESPONSES}
 RL_KEYS = {
     key: _NO_ROLLOUT
     for key in (
@@ -212,7 +218,7 @@ class GRPO(Algorithm):
     """G samples per state; each reward against its group's mean, divided by the group's std."""
 
     name, title = "grpo", "GRPO"
-    ignores = {**CRITIC_KEYS, **ENUMERATED_KEYS}
+    ignores = {**CRITIC_KEYS, **ENUMERATED_KEYS, **SFT_KEYS}
 
     def sequence_advantages(self, scores: Tensor, group_ids: Tensor, core: Any) -> Tensor:
         return core.group_advantages(scores, group_ids, norm_by_std=True)
@@ -255,7 +261,7 @@ class Reinforce(GRPO):
     group baseline would cancel that per-state constant."""
 
     name, title = "reinforce", "REINFORCE"
-    ignores = {**CRITIC_KEYS, **ENUMERATED_KEYS, "filter_groups": "its advantage is the reward itself: a flat group still has a gradient"}
+    ignores = {**CRITIC_KEYS, **ENUMERATED_KEYS, **SFT_KEYS, "filter_groups": "its advantage is the reward itself: a flat group still has a gradient"}
     flat_groups_are_zero = False
 
     def sequence_advantages(self, scores: Tensor, group_ids: Tensor, core: Any) -> Tensor:
@@ -269,7 +275,7 @@ class PPO(Algorithm):
 
     name, title = "ppo", "PPO"
     ignores = {
-        **GROUP_KEYS, **ENUMERATED_KEYS,
+        **GROUP_KEYS, **ENUMERATED_KEYS, **SFT_KEYS,
         "kl_coef": "it puts no KL term in its loss (verl's PPO)", "kl_kind": "it puts no KL term in its loss (verl's PPO)",
         "kl_in_reward": "it has no KL term (verl's PPO)",
     }
@@ -312,7 +318,7 @@ class Enumerated(Algorithm):
 
     name, title = "enumerated", "the enumerated policy gradient"
     ignores = {
-        **CRITIC_KEYS,
+        **CRITIC_KEYS, **SFT_KEYS,
         "group_size": _NOTHING_SAMPLED, "filter_groups": _NOTHING_SAMPLED, "temperature": _NOTHING_SAMPLED,
         "top_p": _NOTHING_SAMPLED, "overlong_buffer": _NOTHING_SAMPLED,
         "clip_ratio_low": _EXACT_STEP, "clip_ratio_high": _EXACT_STEP, "clip_ratio_c": _EXACT_STEP,
@@ -354,10 +360,23 @@ class Enumerated(Algorithm):
                 )
 
 
+# The Manager's operations as algo.operation_weights names them (OpKind's values, lower case).
+OPERATION_NAMES = ("add", "update", "delete", "noop")
+
+
 @register
 class SFT(Algorithm):
-    """Memory-SFT: the negative log-likelihood of the teacher's targets (`memr1.modules.sft`)."""
+    """Memory-SFT: the negative log-likelihood of the teacher's targets (`memr1.modules.sft`), each
+    target's weighed by its operation where `operation_weights` says (the Manager's)."""
 
     name, title = "sft", "Memory-SFT"
     ignores = {**CRITIC_KEYS, **GROUP_KEYS, **RL_KEYS, **{key: _NO_ROLLOUT for key in ENUMERATED_KEYS}}
     trains_on_rollouts = False
+
+    def validate(self, algo: AlgoConfig) -> None:
+        super().validate(algo)
+        for name, weight in algo.operation_weights.items():
+            if name not in OPERATION_NAMES:
+                raise ValueError(f"algo.operation_weights.{name}: not an operation; the operations are {', '.join(OPERATION_NAMES)}")
+            if not math.isfinite(weight) or weight < 0:
+                raise ValueError(f"algo.operation_weights.{name}: must be a finite weight >= 0, got {weight}")

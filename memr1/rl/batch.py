@@ -51,6 +51,7 @@ class RolloutBatch:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     trunk_hidden: torch.Tensor | None = None
+    weights: torch.Tensor | None = None  # (bs,) each row's weight in a supervised loss (algo.operation_weights)
 
     @property
     def prompt_length(self) -> int:

@@ -192,11 +192,15 @@ def sft_loss(
     response_mask: Tensor,
     loss_agg_mode: LossAggMode = "token-mean",
     denominator: LossDenominator | None = None,
+    weights: Tensor | None = None,
 ) -> Tensor:
     """Memory-SFT's loss: the negative log-likelihood of the teacher's response tokens (bs, L) under
     their mask (bs, L), aggregated like the RL losses (over the whole mini-batch's `denominator` when
-    given); prompt tokens never enter it."""
-    return aggregate_loss(-logprobs, response_mask, loss_agg_mode, denominator=denominator)
+    given); prompt tokens never enter it. `weights` (bs,): each response's tokens weighed by its row's
+    weight before the aggregation, whose denominator stays the unweighted token (or sequence) count,
+    so a target of weight w pulls w times as hard as one of weight 1."""
+    nll = -logprobs if weights is None else -logprobs * weights[:, None]
+    return aggregate_loss(nll, response_mask, loss_agg_mode, denominator=denominator)
 
 
 # --- the exact gradient over enumerated actions ----------------------------------------------------
