@@ -50,7 +50,7 @@ from memr1.embed import Embedder  # noqa: E402
 from memr1.memory import MemoryBank  # noqa: E402
 from memr1.memory.local_server import local_milvus_server  # noqa: E402
 from memr1.service import Memory, text_model  # noqa: E402
-from memr1.service.scopes import now  # noqa: E402
+from memr1.service.scopes import now, unix_of_dialogue_time  # noqa: E402
 from memr1.service.store import ScopedMemory  # noqa: E402
 from memr1.types import MemoryOp, OpKind  # noqa: E402
 
@@ -113,14 +113,19 @@ def stop(processes: list[subprocess.Popen]) -> None:
 
 # -- answer: search and answer, in process and over HTTP -------------------------------------------
 
+def lookup_option(args: argparse.Namespace) -> dict:
+    """The --prompt-lookup given, else the service's default (none passed)."""
+    return {} if args.prompt_lookup is None else {"prompt_lookup": args.prompt_lookup}
+
+
 def answer_section(args: argparse.Namespace, conversation, scratch: Path) -> tuple[dict, Table]:
     questions = [q.question for q in conversation.questions][: args.questions]
     results: dict[str, dict] = {}
     adapter = None if args.answer == "base" else args.answer
-    answerer = text_model(MODEL, adapter=adapter)
+    answerer = text_model(MODEL, adapter=adapter, **lookup_option(args))
     memory = Memory(scratch, answerer=answerer, k=args.k, max_new_tokens=args.max_new_tokens, distill=not args.no_distill)
-    for fact in conversation.facts:
-        memory.add(fact.text, user_id=USER, infer=False)
+    for fact in conversation.facts:  # dated by their sessions, as evaluation's banks are
+        memory.add(fact.text, user_id=USER, infer=False, timestamp=unix_of_dialogue_time(fact.date_time))
     memory.answer(questions[0], user_id=USER)  # warm-up, untimed: the first generation allocates
     search_s, search_wall = timed([lambda q=q: memory.search(q, user_id=USER, top_k=args.k) for q in questions])
     answer_s, answer_wall = timed([lambda q=q: memory.answer(q, user_id=USER) for q in questions[: args.answers]])
@@ -132,6 +137,8 @@ def answer_section(args: argparse.Namespace, conversation, scratch: Path) -> tup
     del answerer
 
     agent = ["--answer", args.answer, *(["--no-distill"] if args.no_distill else [])]
+    if args.prompt_lookup is not None:
+        agent += ["--prompt-lookup", str(args.prompt_lookup)]
     process, url = start_server(scratch, "--model", MODEL, *agent, "--k", str(args.k), "--max-new-tokens", str(args.max_new_tokens))
     try:
         with httpx.Client(base_url=url, timeout=600) as client:
@@ -307,11 +314,12 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=ROOT / ".." / "shared" / "data" / "locomo10.json")
     parser.add_argument("--sections", default="answer,tenants,replicas", help="comma-separated: answer, tenants, replicas")
     parser.add_argument("--questions", type=int, default=40, help="answer: search queries (each run in process and over HTTP)")
-    parser.add_argument("--answers", type=int, default=12, help="answer: answer calls on each side")
+    parser.add_argument("--answers", type=int, default=40, help="answer: answer calls on each side (the first of the questions)")
     parser.add_argument("--k", type=int, default=5, help="answer: memories shown to the Answer Agent")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--answer", default="base", help="answer: the Answer Agent, 'base' (the untrained backbone) or a shipped agent (trained:NAME)")
     parser.add_argument("--no-distill", action="store_true", help="answer: answer directly, without listing the memories used")
+    parser.add_argument("--prompt-lookup", type=int, help="answer: draft tokens per forward (memr1 serve --prompt-lookup; 0: token by token; default: the service's)")
     parser.add_argument("--workers", type=int, default=4, help="concurrent clients (answer: searches; replicas: the mixed load)")
     parser.add_argument("--users", type=int, default=10_000, help="tenants: users in the collection")
     parser.add_argument("--new-users", type=int, default=200, help="tenants: new users timed")

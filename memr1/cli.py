@@ -172,6 +172,10 @@ def _configure_memory(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-distill", action="store_true", help="answer directly, without listing the memories used")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                         help="local models' compute dtype (auto: bf16 where the CPU or GPU has bf16 units)")
+    parser.add_argument("--prompt-lookup", type=int,
+                        help="local models: draft tokens per forward, copied from the context, when a request decodes alone "
+                             "(greedy; the same answers up to float rounding; 0: token by token; default "
+                             "memr1.service.models.PROMPT_LOOKUP_TOKENS)")
 
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000  # this machine only
@@ -196,20 +200,21 @@ def _configure_mcp(parser: argparse.ArgumentParser) -> None:
     _configure_http(parser)
 
 
-def _agent_model(choice: str, backbone: str, models: dict, precision: str = "auto") -> Any:
+def _agent_model(choice: str, backbone: str, models: dict, args: argparse.Namespace) -> Any:
     from memr1.service.models import text_model
 
+    local = {"precision": args.precision, **({} if args.prompt_lookup is None else {"prompt_lookup": args.prompt_lookup})}
     if choice == "none":
         return None
     if choice == "base":
-        return text_model(backbone, models=models, precision=precision)
+        return text_model(backbone, models=models, **local)
     if choice.startswith("openai:"):
         return text_model(choice, models=models)
     if backbone.startswith("openai:"):
         raise ValueError(f"{choice!r}: a trained export runs locally; --model must be a local backbone, not {backbone}")
     if not is_shipped(choice) and not Path(choice).is_dir():
         raise ValueError(f"{choice!r}: expected 'none', 'base', a shipped agent (trained:NAME) or a policy export directory")
-    return text_model(backbone, adapter=choice, models=models, precision=precision)
+    return text_model(backbone, adapter=choice, models=models, **local)
 
 
 def _api_key(args: argparse.Namespace) -> str | None:
@@ -230,9 +235,9 @@ def _open_memory(args: argparse.Namespace) -> Any:
     return Memory(
         args.path,
         uri=args.uri,
-        extractor=_agent_model(args.extractor, args.model, models, args.precision),
-        manager=_agent_model(args.manager, args.model, models, args.precision),
-        answerer=_agent_model(args.answer, args.model, models, args.precision),
+        extractor=_agent_model(args.extractor, args.model, models, args),
+        manager=_agent_model(args.manager, args.model, models, args),
+        answerer=_agent_model(args.answer, args.model, models, args),
         **({"add_text": args.manager_add_text} if args.manager_add_text else {}),
         k=args.k,
         distill=not args.no_distill,

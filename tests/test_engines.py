@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from memr1.factories import build_engine
-from memr1.llm.engines import AutocastStaticCache, Generation, HFEngine, encode_prompts
+from memr1.llm.engines import AutocastStaticCache, Generation, HFEngine, encode_prompts, lookup_draft
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.padding import left_pad, position_ids_from_attention_mask
 from memr1.llm.sampling import SamplingConfig, choose_tokens, cut_at_first_stop, nucleus_filter
@@ -195,8 +195,9 @@ def test_n_samples_per_prompt_in_prompt_order(model, tokenizer):
         assert all(g.finish_reason == "length" and len(g.response_ids) == 4 for g in samples)
 
 
-def test_stop_string_truncates_text_ids_and_logprobs_consistently(model, tokenizer):
-    engine = HFEngine(model, tokenizer)
+@pytest.mark.parametrize("prompt_lookup", [0, 4])
+def test_stop_string_truncates_text_ids_and_logprobs_consistently(model, tokenizer, prompt_lookup):
+    engine = HFEngine(model, tokenizer, prompt_lookup=prompt_lookup)
     full = engine.generate([PROMPTS[2]], SamplingConfig(max_new_tokens=24, temperature=0))[0][0]
     # Choose as stop string a piece of the greedy text that starts inside it (not at 0).
     stop = full.text[6:9]
@@ -217,7 +218,8 @@ def test_stop_string_truncates_text_ids_and_logprobs_consistently(model, tokeniz
     assert stop not in tokenizer.decode(stopped.response_ids[:-1])
 
 
-def test_eos_ends_the_response_and_is_kept(model, tokenizer):
+@pytest.mark.parametrize("prompt_lookup", [0, 4])
+def test_eos_ends_the_response_and_is_kept(model, tokenizer, prompt_lookup):
     full = HFEngine(model, tokenizer).generate(
         [PROMPTS[0]], SamplingConfig(max_new_tokens=12, temperature=0)
     )[0][0]
@@ -225,7 +227,7 @@ def test_eos_ends_the_response_and_is_kept(model, tokenizer):
     # first occurrence, with it kept.
     eos = full.response_ids[3]
     position = full.response_ids.index(eos)
-    engine = HFEngine(model, tokenizer, eos_token_ids=[eos])
+    engine = HFEngine(model, tokenizer, eos_token_ids=[eos], prompt_lookup=prompt_lookup)
 
     ended = engine.generate([PROMPTS[0]], SamplingConfig(max_new_tokens=12, temperature=0))[0][0]
 
@@ -233,6 +235,60 @@ def test_eos_ends_the_response_and_is_kept(model, tokenizer):
     assert ended.response_ids == full.response_ids[: position + 1]
     assert ended.logprobs == pytest.approx(full.logprobs[: position + 1], abs=1e-5)
     assert ended.text == tokenizer.decode(ended.response_ids, skip_special_tokens=True)
+
+
+def test_lookup_draft_copies_what_followed_the_latest_recurrence_of_the_tail():
+    # The tail 3-gram (4, 1, 2) never occurred before; the 2-gram (1, 2) did, at 0 and at 4 (the tail).
+    assert lookup_draft([1, 2, 3, 4, 1, 2], max_tokens=3) == [3, 4, 1]
+    assert lookup_draft([1, 2, 3, 4, 1, 2], max_tokens=1) == [3]
+    # The latest earlier occurrence wins: (7,) at 1 and at 3 -> what followed the one at 3.
+    assert lookup_draft([5, 7, 8, 7, 9, 7], max_tokens=2) == [9, 7]
+    # The longest recurring n-gram wins over a shorter one.
+    assert lookup_draft([1, 2, 3, 9, 2, 3, 5, 1, 2, 3], max_tokens=1) == [9]
+    assert lookup_draft([1, 2, 3], max_tokens=4) == []  # nothing recurs
+    assert lookup_draft([1, 2, 1], max_tokens=0) == []
+    assert lookup_draft([1], max_tokens=2) == []
+
+
+def test_prompt_lookup_decodes_the_same_tokens_in_fewer_forwards(model, tokenizer):
+    """A lone greedy request with drafts copied from its context: the same tokens and log-probs as
+    token-by-token decoding (and as a plain forward over prompt + response), a draft kept where the
+    model agrees with it, rejected drafts leaving nothing behind in the KV cache."""
+    fed: list[int] = []
+    handle = model.register_forward_pre_hook(lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    greedy = SamplingConfig(max_new_tokens=24, temperature=0)
+    forwards, tokens, multi_token_forwards = 0, 0, 0
+    try:
+        for prompt in PROMPTS:
+            plain = HFEngine(model, tokenizer).generate([prompt], greedy)[0][0]
+            fed.clear()
+            looked = HFEngine(model, tokenizer, prompt_lookup=4).generate([prompt], greedy)[0][0]
+            forwards, tokens = forwards + len(fed) - 1, tokens + len(looked.response_ids) - 1  # after the prefill
+            multi_token_forwards += sum(width > 1 for width in fed[1:])
+            assert looked.response_ids == plain.response_ids and looked.text == plain.text
+            assert looked.logprobs == pytest.approx(reference_logprobs(model, looked.prompt_ids, looked.response_ids), abs=1e-4)
+            # The budget holds with drafts in flight: never a token past max_new_tokens.
+            short = HFEngine(model, tokenizer, prompt_lookup=4).generate([prompt], SamplingConfig(max_new_tokens=3, temperature=0))[0][0]
+            assert (short.response_ids, short.finish_reason) == (plain.response_ids[:3], "length")
+    finally:
+        handle.remove()
+    assert multi_token_forwards > 0  # drafts were proposed (the tiny model repeats a token: one kept)
+    assert forwards < tokens
+
+
+def test_prompt_lookup_leaves_batches_and_sampling_alone(model, tokenizer):
+    fed: list[int] = []
+    handle = model.register_forward_pre_hook(lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        engine = HFEngine(model, tokenizer, prompt_lookup=4)
+        engine.generate(PROMPTS, SamplingConfig(max_new_tokens=8, temperature=0))
+        engine.generate([PROMPTS[2]], SamplingConfig(max_new_tokens=8, temperature=1.0, seed=0))
+    finally:
+        handle.remove()
+    # The batch's prefill and the sampled request's read their prompts; every other forward one token.
+    assert sum(width > 1 for width in fed) == 2 and fed[0] > 1
+    with pytest.raises(ValueError, match="HFEngine.prompt_lookup: must be >= 0"):
+        HFEngine(model, tokenizer, prompt_lookup=-1)
 
 
 def test_a_finished_row_leaves_the_batch_and_the_others_decode_as_before(model, tokenizer):

@@ -13,7 +13,7 @@ import pytest
 
 from memr1.service.async_memory import AsyncMemory
 from memr1.service.memory import Memory
-from memr1.service.scopes import MemoryNotFound
+from memr1.service.scopes import MemoryNotFound, dialogue_time, from_unix, unix_of_dialogue_time
 
 
 @pytest.fixture()
@@ -184,3 +184,37 @@ def test_async_memory_takes_a_path_or_a_memory_never_both(tmp_path, embedder):
         with pytest.raises(ValueError, match="are Memory's"):
             AsyncMemory(memory=shared, k=5)
         assert AsyncMemory(memory=shared).memory is shared
+
+
+def test_session_times_read_and_shown_as_locomo_writes_them():
+    # 8 May 2023 13:56 UTC is 1683554160 Unix seconds (19,485 days of 86,400 s, plus 13 h 56 min).
+    assert unix_of_dialogue_time("1:56 pm on 8 May, 2023") == 19_485 * 86_400 + 13 * 3_600 + 56 * 60
+    assert dialogue_time(from_unix(1_683_554_160)) == "1:56 pm on 8 May, 2023"
+    assert dialogue_time("2023-05-08T00:05:00.000+00:00") == "12:05 am on 8 May, 2023"
+    assert dialogue_time("2023-05-08T12:00:00+00:00") == "12:00 pm on 8 May, 2023"
+    assert dialogue_time("yesterday") == "yesterday"
+    with pytest.raises(ValueError, match="session time like '1:56 pm on 8 May, 2023', got '8 May'"):
+        unix_of_dialogue_time("8 May")
+
+
+class RecordingAnswerer:
+    """An Answer Agent's model that keeps the prompts it is given and answers one word."""
+
+    name = "recording-answerer"
+
+    def __init__(self) -> None:
+        self.prompts: list = []
+
+    def complete(self, prompts, max_new_tokens):
+        self.prompts.extend(prompts)
+        return ["**Answer:** Buddy" for _ in prompts]
+
+
+def test_the_answer_agent_reads_memory_dates_as_it_was_trained_to(tmp_path, embedder):
+    answerer = RecordingAnswerer()
+    with Memory(tmp_path / "memories", embedder=embedder, answerer=answerer, distill=False) as memory:
+        memory.add("Andrew adopted a dog named Buddy", user_id="andrew", infer=False,
+                   timestamp=unix_of_dialogue_time("1:56 pm on 8 May, 2023"))
+        assert memory.answer("What is the dog's name?", user_id="andrew")["answer"] == "Buddy"
+    (prompt,) = answerer.prompts
+    assert "[1:56 pm on 8 May, 2023] Andrew adopted a dog named Buddy" in prompt[-1]["content"]

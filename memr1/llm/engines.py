@@ -147,6 +147,15 @@ class AutocastStaticCache(StaticCache):
             layer.lazy_initialization(key_states, value_states)
         return super().update(key_states, value_states.to(layer.values.dtype), layer_idx, *args, **kwargs)
 
+    def rewind(self, length: int) -> None:
+        """Make the next write land at position `length`: the entries from there on (a rejected draft's)
+        are overwritten, and the causal mask (by `cache_position`) hides them meanwhile. transformers
+        5.2x writes at a per-layer count of the tokens it was given; earlier releases at `cache_position`,
+        with nothing to rewind."""
+        for layer in self.layers:
+            if layer.is_initialized and isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
+                layer.cumulative_length.fill_(length)
+
 
 class HFEngine:
     """Batched sampling from a Hugging Face causal LM with a KV cache, on whatever device it sits.
@@ -161,6 +170,8 @@ class HFEngine:
     `memr1.llm.precision`); the sampling distribution and the recorded log-probs are fp32. Its frozen
     Linear weights compute with bf16 copies made once (`frozen_copies`, shared with a trainer that
     holds the same model) rather than a cast at every decoded token: the same tokens, faster.
+    `prompt_lookup`: up to this many draft tokens per forward when one prompt is decoded greedily
+    alone (a served request): see `_decode_by_lookup`. 0 (the default) decodes token by token.
     """
 
     def __init__(
@@ -171,9 +182,12 @@ class HFEngine:
         eos_token_ids: Sequence[int] | None = None,
         precision: Precision = FP32,
         frozen_copies: FrozenLinearCopies | None = None,
+        prompt_lookup: int = 0,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"HFEngine.batch_size: must be >= 1, got {batch_size}")
+        if prompt_lookup < 0:
+            raise ValueError(f"HFEngine.prompt_lookup: must be >= 0 (0: off), got {prompt_lookup}")
         if tokenizer.pad_token_id is None:
             raise ValueError(
                 f"tokenizer {tokenizer.name_or_path!r} has no pad token; load it with load_tokenizer"
@@ -182,6 +196,7 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.precision = precision
+        self.prompt_lookup = prompt_lookup
         self.frozen_copies = frozen_copies if frozen_copies is not None else FrozenLinearCopies(precision)
         self.eos_token_ids = (
             frozenset(eos_token_ids) if eos_token_ids is not None else default_eos_token_ids(tokenizer, model)
@@ -250,6 +265,8 @@ class HFEngine:
         on_token: Callable[[int, int], None] | None = None,
     ) -> list[Generation]:
         """`on_token(row, token)`: each token as it is chosen, by the row of `prompts`."""
+        if self._can_look_up(prompts, sampling, trunk_depth):
+            return [self._decode_by_lookup(prompts[0], sampling, on_token)]
         if not trunk_depth:
             return self._decode(prompts, sampling, generator, None, on_token)
         with record_trunk(self.model, trunk_depth) as recorded:
@@ -335,6 +352,67 @@ class HFEngine:
             for row, (prompt, response, response_logprobs) in enumerate(zip(prompts, responses, logprobs, strict=True))
         ]
 
+    def _can_look_up(self, prompts: list[list[int]], sampling: SamplingConfig, trunk_depth: int) -> bool:
+        """Prompt lookup applies to one greedy, unconstrained row on a preallocated cache (whose
+        rejected drafts the next forward overwrites), with no trunk recorded and no rank in lockstep."""
+        return (
+            self.prompt_lookup > 0 and len(prompts) == 1 and sampling.greedy and sampling.constraint is None
+            and not trunk_depth and not self.lockstep and sampling.max_new_tokens > 1
+        )
+
+    def _decode_by_lookup(
+        self, prompt: list[int], sampling: SamplingConfig, on_token: Callable[[int, int], None] | None
+    ) -> Generation:
+        """Greedy decoding of one prompt, several tokens a forward where the response copies its context
+        (prompt-lookup decoding, Saxena 2023; transformers' `prompt_lookup_num_tokens`). After each chosen
+        token, the tokens that followed the latest earlier occurrence of the sequence's last few tokens
+        are proposed as a draft; one forward reads the token and the draft, and each draft token is kept
+        while it is the argmax there, then the model's own choice follows. An agent that answers by
+        copying a memory decodes its answer in about half the forwards (benchmarks/service.py).
+
+        The answer is the one decoded token by token up to float rounding: the same argmax rule, but a
+        forward over several positions rounds differently from one forward per position. With bf16 on
+        a CPU, decoding costs per forward, not per token (the weights are read once either way)."""
+        device = next(self.model.parameters()).device
+        budget = sampling.max_new_tokens
+        cache = self._new_cache(len(prompt) + budget)
+        if not isinstance(cache, AutocastStaticCache):  # a growing cache would keep the rejected drafts
+            return self._decode([prompt], sampling, None, None, on_token)[0]
+        fed: list[int] = list(prompt)
+        draft: list[int] = []
+        response: list[int] = []
+        logprobs: list[float] = []
+        while True:
+            raise_if_requested()
+            # The cache holds every token before the one fed first (the prompt's at the prefill, then
+            # the response's but its last); a rejected draft's entries lie beyond and are overwritten.
+            start = 0 if not response else len(prompt) + len(response) - 1
+            cache.rewind(start)
+            positions = torch.arange(start, start + len(fed), device=device)
+            logits = self.model(
+                input_ids=torch.tensor([fed], device=device),
+                attention_mask=torch.ones((1, start + len(fed)), dtype=torch.long, device=device),
+                position_ids=positions[None],
+                cache_position=positions,
+                use_cache=True,
+                logits_to_keep=1 + len(draft),  # the next token after the fed one, and after each draft token
+                **{self._cache_keyword: cache},
+            ).logits[0].float()
+            chosen = choose_tokens(logits, 0.0, sampling.top_p, None)
+            chosen_logprobs = logits.log_softmax(dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
+            for position, (token, logprob) in enumerate(zip(chosen.tolist(), chosen_logprobs.tolist(), strict=True)):
+                response.append(token)
+                logprobs.append(logprob)
+                if on_token is not None:
+                    on_token(0, token)
+                ended = token in self.eos_token_ids or self._hit_stop(response, sampling.stop)
+                if ended or len(response) == budget:
+                    return self._finish(prompt, response, logprobs, sampling.stop)
+                if position == len(draft) or token != draft[position]:
+                    break  # the model's own choice: fed next, with a new draft
+            draft = lookup_draft([*prompt, *response], min(self.prompt_lookup, budget - len(response) - 1))
+            fed = [response[-1], *draft]
+
     def _choose(
         self,
         logits: torch.Tensor,
@@ -407,6 +485,22 @@ class HFEngine:
             finish_reason="stop" if ended else "length",
             trunk_hidden=trunk_hidden,
         )
+
+
+def lookup_draft(sequence: Sequence[int], max_tokens: int, max_ngram: int = 3) -> list[int]:
+    """Up to `max_tokens` tokens that followed the latest earlier occurrence of `sequence`'s last
+    `max_ngram` tokens (else of its last `max_ngram - 1`, down to 1): what the sequence would say next
+    if it went on copying itself. [] when no such n-gram recurs or `max_tokens` < 1.
+
+    sequence: (L,) token ids, prompt and response so far."""
+    if max_tokens < 1:
+        return []
+    for size in range(min(max_ngram, len(sequence) - 1), 0, -1):
+        tail = list(sequence[-size:])
+        for start in range(len(sequence) - size - 1, -1, -1):
+            if list(sequence[start : start + size]) == tail:
+                return list(sequence[start + size : start + size + max_tokens])
+    return []
 
 
 def cache_keyword(model: PreTrainedModel) -> str:

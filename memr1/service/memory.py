@@ -39,7 +39,7 @@ from memr1.memory.records import MAX_TEXT_BYTES, check_op
 from memr1.memory.store import resolve_uri
 from memr1.service.migrate import migrate_scoped_collections
 from memr1.service.models import TextModel
-from memr1.service.scopes import EVENTS, SCOPE_KEYS, MemoryNotFound, from_unix, now, scope_of
+from memr1.service.scopes import EVENTS, SCOPE_KEYS, MemoryNotFound, dialogue_time, from_unix, now, scope_of
 from memr1.service.store import ScopedMemory, ScopedStore
 from memr1.types import Fact, MemoryEntry, MemoryOp, OpKind, Turn
 
@@ -117,8 +117,9 @@ class Memory:
 
     @staticmethod
     def _entry(memory: ScopedMemory) -> MemoryEntry:
-        """A memory as the agents' prompts show it (the Manager by position, mapped back to `id`)."""
-        return MemoryEntry(memory.id, memory.text, memory.scope, memory.updated_at, (), 0, 0, memory.score)
+        """A memory as the agents' prompts show it (the Manager by position, mapped back to `id`), dated
+        as in their training data."""
+        return MemoryEntry(memory.id, memory.text, memory.scope, dialogue_time(memory.updated_at), (), 0, 0, memory.score)
 
     # -- Mem0's calls ---------------------------------------------------------------------------------
     def add(

@@ -33,6 +33,29 @@ def from_unix(timestamp: int | float) -> str:
         raise ValueError(f"timestamp: {timestamp!r} is out of the range of dates") from None
 
 
+def dialogue_time(stamp: str) -> str:
+    """A stored timestamp (`now()`'s format) as the agents were trained to read dates, LoCoMo's
+    session time: "2023-05-08T13:56:00.000+00:00" -> "1:56 pm on 8 May, 2023" (in the stamp's own
+    zone). Shown the ISO form, a trained agent copies its 29 characters into a "when" answer; a stamp
+    in another format is shown as it is."""
+    try:
+        moment = datetime.fromisoformat(stamp)
+    except ValueError:
+        return stamp
+    meridiem = "am" if moment.hour < 12 else "pm"
+    return f"{moment.hour % 12 or 12}:{moment.minute:02d} {meridiem} on {moment.day} {moment:%B}, {moment.year}"
+
+
+def unix_of_dialogue_time(text: str) -> float:
+    """LoCoMo's session time ("1:56 pm on 8 May, 2023", read as UTC) in Unix seconds, the `timestamp`
+    that `Memory.add` takes: how a dataset's conversation is replayed into the service."""
+    try:
+        moment = datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y")
+    except ValueError:
+        raise ValueError(f"expected a session time like '1:56 pm on 8 May, 2023', got {text!r}") from None
+    return moment.replace(tzinfo=timezone.utc).timestamp()
+
+
 def scope_of(user_id: str | None = None, agent_id: str | None = None, run_id: str | None = None, filters: Mapping[str, Any] | None = None) -> str:
     """The scope string of an id combination ("user_id=andrew"), Mem0's `filters` merged in."""
     ids = {"user_id": user_id, "agent_id": agent_id, "run_id": run_id}
