@@ -82,13 +82,14 @@ def build_engine(
     batch_size: int = 8,
     precision: Precision = FP32,
     prompt_lookup: int = 0,
+    reuse_prefix: bool = False,
     **vllm_options: Any,
 ) -> GenerationEngine:
     """A generation engine of `kind`.
 
     "hf": samples from `model` itself (the policy being trained: no weight sync needed); needs `model`
-        and `tokenizer`, uses `batch_size`, `precision` (`run_precision`) and `prompt_lookup` (draft
-        tokens a lone greedy request decodes per forward; 0: off).
+        and `tokenizer`, uses `batch_size`, `precision` (`run_precision`), and for a lone greedy request
+        `prompt_lookup` (draft tokens per forward; 0: off) and `reuse_prefix` (see `HFEngine`).
     "vllm": a vLLM engine serving `name_or_path` (hub id, directory or `embedded:` name), kept in sync by
         `load_weights` / `load_lora`; `tokenizer` is optional, `vllm_options` go to `VLLMEngine`.
     """
@@ -97,7 +98,7 @@ def build_engine(
             raise ValueError("build_engine('hf'): needs model= and tokenizer=")
         if vllm_options:
             raise TypeError(f"build_engine('hf'): unexpected options {sorted(vllm_options)} (they are vLLM's)")
-        return HFEngine(model, tokenizer, batch_size=batch_size, precision=precision, prompt_lookup=prompt_lookup)
+        return HFEngine(model, tokenizer, batch_size=batch_size, precision=precision, prompt_lookup=prompt_lookup, reuse_prefix=reuse_prefix)
     if kind == "vllm":
         if name_or_path is None:
             raise ValueError("build_engine('vllm'): needs name_or_path=")

@@ -276,6 +276,32 @@ def test_prompt_lookup_decodes_the_same_tokens_in_fewer_forwards(model, tokenize
     assert forwards < tokens
 
 
+def test_a_lone_request_prefills_only_what_it_does_not_share_with_the_last(model, tokenizer):
+    """`reuse_prefix`: the next lone prompt's prefill starts where it parts from the tokens the last
+    one left in the kept cache, and it decodes what a fresh engine decodes."""
+    fed: list[int] = []
+    greedy = SamplingConfig(max_new_tokens=10, temperature=0)
+    shared = "Memories: Melanie painted a sunrise in 2022. Melanie ran a charity race. "
+    first, second, other = shared + "What did Melanie paint?", shared + "What did Melanie run?", "Hi there"
+    fresh = {prompt: HFEngine(model, tokenizer).generate([prompt], greedy)[0][0] for prompt in (first, second, other)}
+    engine = HFEngine(model, tokenizer, reuse_prefix=True)
+    handle = model.register_forward_pre_hook(lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        widths = []
+        for prompt in (first, second, other, second):
+            fed.clear()
+            generation = engine.generate([prompt], greedy)[0][0]
+            assert generation.response_ids == fresh[prompt].response_ids
+            assert generation.logprobs == pytest.approx(fresh[prompt].logprobs, abs=1e-4)
+            widths.append(fed[0])
+    finally:
+        handle.remove()
+    (first_ids, second_ids, other_ids) = encode_prompts(tokenizer, [first, second, other])
+    common = next(i for i, (a, b) in enumerate(zip(first_ids, second_ids)) if a != b)
+    # The first prompt and the unrelated one are prefilled whole, the second after what it shares.
+    assert widths == [len(first_ids), len(second_ids) - common, len(other_ids), len(second_ids)]
+
+
 def test_prompt_lookup_leaves_batches_and_sampling_alone(model, tokenizer):
     fed: list[int] = []
     handle = model.register_forward_pre_hook(lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)

@@ -131,6 +131,10 @@ def default_eos_token_ids(
     return frozenset(ids)
 
 
+# A kept cache's room is a multiple of this many tokens: a static cache's attention reads all of it.
+KEPT_CACHE_ROUNDING = 128
+
+
 class AutocastStaticCache(StaticCache):
     """transformers' preallocated KV cache, fed as bf16 autocast feeds it: the keys leave the rotary
     embedding in fp32 (a bf16 projection times fp32 cos / sin), the values leave `v_proj` in bf16.
@@ -170,8 +174,11 @@ class HFEngine:
     `memr1.llm.precision`); the sampling distribution and the recorded log-probs are fp32. Its frozen
     Linear weights compute with bf16 copies made once (`frozen_copies`, shared with a trainer that
     holds the same model) rather than a cast at every decoded token: the same tokens, faster.
-    `prompt_lookup`: up to this many draft tokens per forward when one prompt is decoded greedily
-    alone (a served request): see `_decode_by_lookup`. 0 (the default) decodes token by token.
+    A served request (one prompt, greedy, alone) can decode faster, with the same tokens up to float
+    rounding (`_decode_alone`): `prompt_lookup`, up to this many draft tokens per forward copied from
+    its context (0, the default: token by token); `reuse_prefix` (frozen weights only), the KV cache
+    of the previous lone request kept and the prefix the next prompt shares with it (a system prompt,
+    a chat's earlier turns) not prefilled again.
     """
 
     def __init__(
@@ -183,6 +190,7 @@ class HFEngine:
         precision: Precision = FP32,
         frozen_copies: FrozenLinearCopies | None = None,
         prompt_lookup: int = 0,
+        reuse_prefix: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"HFEngine.batch_size: must be >= 1, got {batch_size}")
@@ -197,6 +205,10 @@ class HFEngine:
         self.batch_size = batch_size
         self.precision = precision
         self.prompt_lookup = prompt_lookup
+        self.reuse_prefix = reuse_prefix
+        # The last lone request's cache, the tokens whose keys and values it holds (in order) and the
+        # tokens it has room for.
+        self._kept: tuple[list[int], AutocastStaticCache, int] | None = None
         self.frozen_copies = frozen_copies if frozen_copies is not None else FrozenLinearCopies(precision)
         self.eos_token_ids = (
             frozenset(eos_token_ids) if eos_token_ids is not None else default_eos_token_ids(tokenizer, model)
@@ -265,8 +277,8 @@ class HFEngine:
         on_token: Callable[[int, int], None] | None = None,
     ) -> list[Generation]:
         """`on_token(row, token)`: each token as it is chosen, by the row of `prompts`."""
-        if self._can_look_up(prompts, sampling, trunk_depth):
-            return [self._decode_by_lookup(prompts[0], sampling, on_token)]
+        if self._alone(prompts, sampling, trunk_depth):
+            return [self._decode_alone(prompts[0], sampling, on_token)]
         if not trunk_depth:
             return self._decode(prompts, sampling, generator, None, on_token)
         with record_trunk(self.model, trunk_depth) as recorded:
@@ -352,15 +364,14 @@ class HFEngine:
             for row, (prompt, response, response_logprobs) in enumerate(zip(prompts, responses, logprobs, strict=True))
         ]
 
-    def _can_look_up(self, prompts: list[list[int]], sampling: SamplingConfig, trunk_depth: int) -> bool:
-        """Prompt lookup applies to one greedy, unconstrained row on a preallocated cache (whose
-        rejected drafts the next forward overwrites), with no trunk recorded and no rank in lockstep."""
+    def _alone(self, prompts: list[list[int]], sampling: SamplingConfig, trunk_depth: int) -> bool:
+        """A served request's path: one greedy, unconstrained row, no trunk recorded, no rank in lockstep."""
         return (
-            self.prompt_lookup > 0 and len(prompts) == 1 and sampling.greedy and sampling.constraint is None
-            and not trunk_depth and not self.lockstep and sampling.max_new_tokens > 1
+            (self.prompt_lookup > 0 or self.reuse_prefix) and len(prompts) == 1 and sampling.greedy
+            and sampling.constraint is None and not trunk_depth and not self.lockstep
         )
 
-    def _decode_by_lookup(
+    def _decode_alone(
         self, prompt: list[int], sampling: SamplingConfig, on_token: Callable[[int, int], None] | None
     ) -> Generation:
         """Greedy decoding of one prompt, several tokens a forward where the response copies its context
@@ -370,23 +381,27 @@ class HFEngine:
         while it is the argmax there, then the model's own choice follows. An agent that answers by
         copying a memory decodes its answer in about half the forwards (benchmarks/service.py).
 
+        With `reuse_prefix`, the prefill starts where this prompt parts from the tokens the last lone
+        request left in its cache (a preallocated cache: rewound, the rest overwritten).
+
         The answer is the one decoded token by token up to float rounding: the same argmax rule, but a
         forward over several positions rounds differently from one forward per position. With bf16 on
         a CPU, decoding costs per forward, not per token (the weights are read once either way)."""
         device = next(self.model.parameters()).device
         budget = sampling.max_new_tokens
-        cache = self._new_cache(len(prompt) + budget)
-        if not isinstance(cache, AutocastStaticCache):  # a growing cache would keep the rejected drafts
+        cache, start, cache_room = self._cache_for(prompt, budget)
+        if cache is None:  # a growing cache would keep the rejected drafts
             return self._decode([prompt], sampling, None, None, on_token)[0]
-        fed: list[int] = list(prompt)
+        fed: list[int] = list(prompt[start:])
         draft: list[int] = []
         response: list[int] = []
         logprobs: list[float] = []
         while True:
             raise_if_requested()
-            # The cache holds every token before the one fed first (the prompt's at the prefill, then
-            # the response's but its last); a rejected draft's entries lie beyond and are overwritten.
-            start = 0 if not response else len(prompt) + len(response) - 1
+            # The cache holds every token before the one fed first (the prompt's shared prefix at the
+            # prefill, then the response's but its last); a rejected draft's entries lie beyond.
+            if response:
+                start = len(prompt) + len(response) - 1
             cache.rewind(start)
             positions = torch.arange(start, start + len(fed), device=device)
             logits = self.model(
@@ -407,11 +422,34 @@ class HFEngine:
                     on_token(0, token)
                 ended = token in self.eos_token_ids or self._hit_stop(response, sampling.stop)
                 if ended or len(response) == budget:
+                    if self.reuse_prefix:  # the cache holds the prompt and the response but its last token
+                        self._kept = ([*prompt, *response[:-1]], cache, cache_room)
                     return self._finish(prompt, response, logprobs, sampling.stop)
                 if position == len(draft) or token != draft[position]:
                     break  # the model's own choice: fed next, with a new draft
             draft = lookup_draft([*prompt, *response], min(self.prompt_lookup, budget - len(response) - 1))
             fed = [response[-1], *draft]
+
+    def _cache_for(self, prompt: list[int], budget: int) -> tuple[AutocastStaticCache | None, int, int]:
+        """A preallocated cache for `prompt` and `budget` new tokens, the prompt's first position it
+        does not hold yet, and its room in tokens: the last lone request's cache where it is large
+        enough and shares a prefix with `prompt` (at least one prompt token is always fed, for its
+        logits), else a new one (None where the model takes no preallocated cache)."""
+        kept, self._kept = self._kept, None  # taken: a request that fails midway leaves nothing stale
+        if kept is not None and kept[2] >= len(prompt) + budget:
+            tokens, cache, room = kept
+            shared = 0
+            for held, wanted in zip(tokens, prompt[:-1]):
+                if held != wanted:
+                    break
+                shared += 1
+            if shared:
+                return cache, shared, room
+        room = len(prompt) + budget
+        if self.reuse_prefix:  # rounded up, so that the next prompt, a little longer, fits the kept cache
+            room = -(-room // KEPT_CACHE_ROUNDING) * KEPT_CACHE_ROUNDING
+        cache = self._new_cache(room)
+        return (cache, 0, room) if isinstance(cache, AutocastStaticCache) else (None, 0, room)
 
     def _choose(
         self,

@@ -79,7 +79,8 @@ class LocalModel:
 
         model, tokenizer = frozen_policy(name_or_path, dtype, adapter)
         compute = choose_precision(precision, next(model.parameters()).device if torch.cuda.is_available() else "cpu")
-        engine = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=batch_size, precision=compute, prompt_lookup=prompt_lookup)
+        engine = build_engine("hf", model=model, tokenizer=tokenizer, batch_size=batch_size, precision=compute, prompt_lookup=prompt_lookup,
+                              reuse_prefix=True)  # frozen weights: a request's cache serves the next one's shared prefix
         assert isinstance(engine, HFEngine)  # engine="hf": a stream reads its tokens as they are chosen
         self.engine = engine
         self.name = f"{name_or_path}+{adapter}" if adapter else str(name_or_path)
