@@ -200,10 +200,10 @@ def _configure_mcp(parser: argparse.ArgumentParser) -> None:
     _configure_http(parser)
 
 
-def _agent_model(choice: str, backbone: str, models: dict, args: argparse.Namespace) -> Any:
+def _agent_model(choice: str, backbone: str, models: dict, **local: Any) -> Any:
+    """The model of an agent `choice` over `backbone`; `local`: a local model's options (`text_model`'s)."""
     from memr1.service.models import text_model
 
-    local = {"precision": args.precision, **({} if args.prompt_lookup is None else {"prompt_lookup": args.prompt_lookup})}
     if choice == "none":
         return None
     if choice == "base":
@@ -232,12 +232,13 @@ def _open_memory(args: argparse.Namespace) -> Any:
     if args.manager_add_text and args.manager == "none":
         raise ValueError("--manager-add-text: there is no Manager (--manager none) and every fact is ADDed as given")
     models: dict = {}
+    local = {"precision": args.precision, **({} if args.prompt_lookup is None else {"prompt_lookup": args.prompt_lookup})}
     return Memory(
         args.path,
         uri=args.uri,
-        extractor=_agent_model(args.extractor, args.model, models, args),
-        manager=_agent_model(args.manager, args.model, models, args),
-        answerer=_agent_model(args.answer, args.model, models, args),
+        extractor=_agent_model(args.extractor, args.model, models, **local),
+        manager=_agent_model(args.manager, args.model, models, **local),
+        answerer=_agent_model(args.answer, args.model, models, **local),
         **({"add_text": args.manager_add_text} if args.manager_add_text else {}),
         k=args.k,
         distill=not args.no_distill,
