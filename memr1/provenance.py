@@ -11,7 +11,10 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def _git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    # --no-optional-locks: `git status` would otherwise take the index lock to refresh it, and a run
+    # killed meanwhile (a stopped schedule, a fault test's SIGKILL) leaves the user's checkout locked.
+    command = ["git", "--no-optional-locks", "-C", str(root), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
 
 
 def code_version(root: Path = CHECKOUT) -> dict[str, str | bool] | None:
