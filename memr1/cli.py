@@ -346,6 +346,30 @@ def _run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- decisions -----------------------------------------------------------------------------------
+
+
+def _configure_decisions(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="evaluation run directories (with decisions.jsonl); each after the first is set against the first (the reference, say the oracle)")
+    parser.add_argument("--json", type=Path, help="also write the agreements as JSON here")
+
+
+def _run_decisions(args: argparse.Namespace) -> int:
+    from memr1.pipeline.decisions import agreement, markdown, read_decisions
+
+    if len(args.runs) < 2:
+        raise ValueError("decisions: give at least two run directories (the reference, then each Manager's)")
+    reference = read_decisions(args.runs[0])
+    results = []
+    for run in args.runs[1:]:
+        rows, left_out = agreement(reference, read_decisions(run))
+        print(markdown(args.runs[0], run, rows, left_out), end="\n\n")
+        results.append({"reference": args.runs[0], "run": run, "left_out": left_out, "operations": [r.to_json() for r in rows]})
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
 # --- agents --------------------------------------------------------------------------------------
 
 
@@ -405,6 +429,12 @@ SUBCOMMANDS: list[Subcommand] = [
         help="paired comparison of evaluation runs: ΔF1 / ΔBLEU-1 / ΔEM with 95% bootstrap intervals and a verdict",
         configure=_configure_compare,
         run=_run_compare,
+    ),
+    Subcommand(
+        name="decisions",
+        help="the Manager's decisions of evaluation runs against a reference's, fact by fact: precision and recall per operation",
+        configure=_configure_decisions,
+        run=_run_decisions,
     ),
     Subcommand(
         name="agents",

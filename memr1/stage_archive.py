@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from memr1.pipeline.compare import PREDICTIONS
+from memr1.pipeline.decisions import DECISIONS
 from memr1.pipeline.report_file import REPORT_FILE
 from memr1.provenance import code_version
 from memr1.shipped import WARM_START_FILE, is_shipped
@@ -43,7 +44,7 @@ UNFINISHED = "STAGE_UNFINISHED"  # a training stage kept mid-run: {"checkpoint":
 TRAINING_FILES = ("curves.json", "training_curves.png", "csv/metrics.csv", "train.log")
 CHECKPOINTS = "checkpoints"
 BEST_EXPORT = "policy/best"  # a resumed run keeps it unless it validates better
-EVALUATION_FILES = (REPORT_FILE, ".hydra/config.yaml")
+EVALUATION_FILES = (REPORT_FILE, ".hydra/config.yaml", DECISIONS)  # decisions: events by fact index, no text
 EXPORT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # The agent's side of a prediction row (memr1.pipeline.answering.Prediction); the rest is the dataset's.
 PREDICTION_FIELDS = ("qid", "conversation_id", "prediction", "category", "format_error", "latency_s",

@@ -17,7 +17,7 @@ from memr1.llm.loading import load_tokenizer
 from memr1.llm.sampling import SamplingConfig
 from memr1.llm.testing import tiny_causal_lm
 from memr1.memory import MemoryBank
-from memr1.banks.build import bank_name, bank_operations, build_banks, describe_operations, memory_items, raw_turn_facts
+from memr1.banks.build import DecisionLog, bank_name, bank_operations, build_banks, describe_operations, memory_items, raw_turn_facts
 from memr1.pipeline.evaluation import run_evaluation
 from memr1.pipeline.extraction import extract_facts
 from memr1.provenance import code_version
@@ -141,6 +141,25 @@ def test_a_build_counts_each_operation_once_across_a_kill(tmp_path, conversation
         assert bank_operations({"c": bank}, unbroken, tmp_path / "b.json") == expected
 
 
+def test_each_decision_is_logged_once_across_a_resumed_build(tmp_path, embedder):
+    items = [Fact(f"Ana's fact number {n}.", "Ana", (f"D1:{n}",), 1, "8 May, 2023") for n in range(10)]
+    policy, progress = ScriptedPolicy(items), tmp_path / "b.progress.json"
+    with MemoryBank.open(tmp_path / "b.db", "bank", embedder) as bank:
+        build_banks({"c": items[:4]}, {"c": bank}, policy, progress)
+        build_banks({"c": items}, {"c": bank}, policy, progress)  # resumed at item 4
+        build_banks({"c": items}, {"c": bank}, policy, progress)  # nothing left: nothing logged
+    log = DecisionLog(DecisionLog.beside(progress))
+    assert log.path == tmp_path / "b.decisions.jsonl"
+    # The script by hand: ADD ADD UPDATE malformed DELETE unknown-target NOOP, then ADDs; the unknown
+    # target is a well-formed UPDATE that the bank refused: its second line says NOOP.
+    rows = log.load()
+    assert [row["event"] for row in rows] == ["ADD", "ADD", "UPDATE", "NOOP", "DELETE", "NOOP", "NOOP", "ADD", "ADD", "ADD"]
+    assert [n for n, row in enumerate(rows) if row["malformed"]] == [3]
+    assert [n for n, row in enumerate(rows) if row["rejected"]] == [5]
+    assert len(log.path.read_text().splitlines()) == 11  # the refused UPDATE, then its NOOP
+    assert DecisionLog(None).load() is None and DecisionLog.beside(None) is None
+
+
 def test_a_progress_file_from_before_the_tallies_reports_them_unknown(tmp_path, embedder):
     items = [Fact(f"Ana's fact number {n}.", "Ana", (f"D1:{n}",), 1, "8 May, 2023") for n in range(10)]
     policy, progress = ScriptedPolicy(items), tmp_path / "p.json"
@@ -254,6 +273,9 @@ def test_evaluate_end_to_end_writes_predictions_and_reports(tmp_path, tokenizer)
     assert all(row["retrieved_ids"] for row in rows)
     facts = len(memory_items(load_locomo(FIXTURE)[1], "observation"))
     assert report["settings"]["bank_operations"] == {"ADD": facts, "UPDATE": 0, "DELETE": 0, "NOOP": 0, "malformed": 0, "rejected": 0}
+    # Each fact's decision is kept beside the predictions (`memr1 decisions`), by index, without its text.
+    decisions = [json.loads(line) for line in (run_dir / "decisions.jsonl").read_text().splitlines()]
+    assert [(row["item"], row["event"]) for row in decisions] == [(n, "ADD") for n in range(facts)]
 
 
 def test_a_stopped_evaluation_resumes_after_its_last_whole_batch(tmp_path, tokenizer, caplog):

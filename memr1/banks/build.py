@@ -13,7 +13,10 @@ the build skips them instead of applying them twice.
 What a build did (`bank_operations`): the writes are counted from the bank's own revisions, exact
 across kills; the decisions that wrote nothing (a malformed model output, an operation the bank
 refused: both NOOPs) are tallied in the progress file, saved with the items they were decided on, so an
-item decided again after a kill is counted once.
+item decided again after a kill is counted once. Each item's decision is also logged before it is
+written, one JSON line (`DecisionLog`), so that two Managers' choices can be set side by side fact by
+fact (`memr1.pipeline.decisions`); an item decided again after a kill is logged again, and the later
+line wins.
 """
 
 from __future__ import annotations
@@ -104,6 +107,46 @@ class BuildProgress:
         os.replace(tmp, self.path)
 
 
+@dataclass
+class DecisionLog:
+    """Each item's decision, appended as a JSON line beside the progress file (`path` None: banks in
+    memory, nothing kept): {"conversation", "item" (its index in the bank's items), "event" (ADD, UPDATE,
+    DELETE or NOOP), "malformed" (the model's reply did not parse: a NOOP), "rejected" (the bank refused
+    the operation: a second line, a NOOP)}. The fact's text stays out: it is the dataset's, and the dataset
+    gives it back by index."""
+
+    path: Path | None
+
+    @staticmethod
+    def beside(progress_file: Path | None) -> Path | None:
+        """`X.progress.json` -> `X.decisions.jsonl`."""
+        if progress_file is None:
+            return None
+        return progress_file.with_name(progress_file.name.removesuffix(".progress.json") + ".decisions.jsonl")
+
+    def append(self, rows: Sequence[dict]) -> None:
+        if self.path is None or not rows:
+            return
+        with self.path.open("a") as out:
+            out.writelines(json.dumps(row, sort_keys=True) + "\n" for row in rows)
+
+    def load(self) -> list[dict] | None:
+        """The latest decision of each item, in (conversation, item) order; None without a log."""
+        if self.path is None or not self.path.exists():
+            return None
+        latest: dict[tuple[str, int], dict] = {}
+        for number, line in enumerate(self.path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                latest[(row["conversation"], row["item"])] = row
+            except (json.JSONDecodeError, KeyError, TypeError) as error:
+                # A line cut by a kill mid-write is the last one; its item is decided again on resume.
+                log.warning("%s:%d: unreadable decision (%s), skipped", self.path, number, error)
+        return [latest[key] for key in sorted(latest)]
+
+
 def build_banks(
     items: Mapping[str, Sequence[Fact]],
     banks: Mapping[str, MemoryBank],
@@ -121,6 +164,7 @@ def build_banks(
     """
     timer = timer or StageTimer()
     tracker = BuildProgress(progress_file)
+    decisions = DecisionLog(DecisionLog.beside(progress_file))
     state = tracker.load()
     cursor: dict[str, int] = {}
     # A progress file written before the tallies were kept leaves them unknown (None) for its banks.
@@ -153,6 +197,7 @@ def build_banks(
             if remaining:
                 with timer.time("manager", items=len(remaining)):
                     ops = policy.decide([conversation_id] * len(remaining), remaining, [()] * len(remaining), [bank] * len(remaining))
+                    decisions.append([_decision(conversation_id, cursor[conversation_id] + n, "ADD") for n in range(len(remaining))])
                     bank.add_many(ops)
                 fault_point("bank_write")
                 cursor[conversation_id] += len(remaining)
@@ -174,6 +219,9 @@ def build_banks(
                 candidates.append(banks[cid].search(fact.text, speaker=fact.speaker, k=policy.num_candidates))
         with timer.time("manager", items=len(facts)):
             ops = policy.decide(active, facts, candidates, [banks[cid] for cid in active])
+        # Logged before the writes: an item written, but not yet recorded when a kill comes, is skipped
+        # on resume, and its decision is in the log already.
+        decisions.append([_decision(cid, cursor[cid], op.kind.value, malformed=op.format_error is not None) for cid, op in zip(active, ops)])
         for cid, op in zip(active, ops):
             if op.format_error is not None:
                 tally(cid, "malformed")
@@ -182,6 +230,7 @@ def build_banks(
             except InvalidOpError as error:  # a well-parsed op the bank refuses (say, an oversized text)
                 rejected.append(f"{cid}: {error}")
                 tally(cid, "rejected")
+                decisions.append([_decision(cid, cursor[cid], "NOOP", rejected=True)])
             cursor[cid] += 1
             record(cid)
         fault_point("bank_write")
@@ -192,6 +241,10 @@ def build_banks(
     for message in rejected:
         log.warning("memory op rejected, treated as NOOP: %s", message)
     return {cid: len(items[cid]) for cid in banks}
+
+
+def _decision(conversation_id: str, item: int, event: str, malformed: bool = False, rejected: bool = False) -> dict:
+    return {"conversation": conversation_id, "item": item, "event": event, "malformed": malformed, "rejected": rejected}
 
 
 def bank_operations(banks: Mapping[str, MemoryBank], items: Mapping[str, Sequence[Fact]], progress_file: Path | None) -> dict[str, int | None]:

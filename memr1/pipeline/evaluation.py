@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from memr1.agents.answer import ANSWER_FORMAT_ERRORS
 from memr1.agents.extractor import FactExtractor
-from memr1.banks.build import bank_operations, describe_operations, memory_items
+from memr1.banks.build import DecisionLog, bank_operations, describe_operations, memory_items
 from memr1.banks.recipe import bank_recipe, facts_cache_file, open_or_build_banks, store_location
 from memr1.datasets.locomo_file import load_locomo_split
 from memr1.datasets.registry import dataset_spec
@@ -29,6 +29,7 @@ from memr1.faults import fault_point
 from memr1.llm.sampling import SamplingConfig
 from memr1.pipeline.answering import Prediction, answer_questions
 from memr1.pipeline.compare import PREDICTIONS
+from memr1.pipeline.decisions import DECISIONS
 from memr1.pipeline.extraction import extract_facts
 from memr1.pipeline.report import memory_listed_pct, score_predictions, write_report
 from memr1.pipeline.report_file import MEMORY_LISTED
@@ -40,6 +41,16 @@ from memr1.types import Conversation, Fact, Question
 log = logging.getLogger(__name__)
 
 RESUME_KEY = "predictions.key.json"  # what the answers in PREDICTIONS depend on: a rerun resumes only on the same
+
+
+def keep_decisions(decision_log: DecisionLog, conversation_ids: set[str], run_dir: Path) -> None:
+    """The banks' decisions on this run's conversations, beside its predictions (`memr1 decisions`)."""
+    rows = decision_log.load()
+    if rows is None:
+        log.info("no decisions logged for these banks (built before decisions were kept, or in memory)")
+        return
+    kept = [row for row in rows if row["conversation"] in conversation_ids]
+    (run_dir / DECISIONS).write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in kept))
 
 
 def load_split(data: DictConfig, split: str, conversations: Sequence[str] | None = None) -> list[Conversation]:
@@ -201,8 +212,10 @@ def run_evaluation(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 on_batch=save,
             )
         bank_sizes = {c.sample_id: len(banks[c.sample_id]) for c in conversations}
-        operations = bank_operations(banks, items, store_location(recipe, banks_cfg.dir, banks_cfg.uri)[1])
+        progress_file = store_location(recipe, banks_cfg.dir, banks_cfg.uri)[1]
+        operations = bank_operations(banks, items, progress_file)
         log.info("bank operations (%s): %s", recipe.policy, describe_operations(operations))
+        keep_decisions(DecisionLog(DecisionLog.beside(progress_file)), set(banks), run_dir)
 
     judge = make_judge(cfg)
     verdicts = None
