@@ -47,11 +47,11 @@ from rich.table import Table  # noqa: E402
 from machine import machine_info, print_machine  # noqa: E402  (benchmarks/machine.py, beside this script)
 from memr1.datasets.locomo import parse_locomo  # noqa: E402
 from memr1.embed import Embedder  # noqa: E402
-from memr1.memory import MemoryBank  # noqa: E402
 from memr1.memory.local_server import local_milvus_server  # noqa: E402
+from memr1.memory.records import added  # noqa: E402
+from memr1.memory.store import MilvusStore  # noqa: E402
 from memr1.service import Memory, text_model  # noqa: E402
-from memr1.service.scopes import now, unix_of_dialogue_time  # noqa: E402
-from memr1.service.store import ScopedMemory  # noqa: E402
+from memr1.service.scopes import now, unix_of_dialogue_time, uuid7  # noqa: E402
 from memr1.types import MemoryOp, OpKind  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,7 +206,8 @@ def tenants_section(args: argparse.Namespace, facts: list[str], embedder: Embedd
         for user in range(args.users):
             for j in range(per_user):
                 i = (user * per_user + j) % len(facts)
-                batch.append(ScopedMemory.added(f"user_id=user{user}", facts[i], vectors[i], when, None))
+                scope = f"user_id=user{user}"
+                batch.append(added(MemoryOp(OpKind.ADD, facts[i], speaker=scope, timestamp=when), scope, uuid7(), 0, vectors[i]))
             if len(batch) >= 3_000:
                 memory.store.write(batch)
                 batch = []
@@ -223,8 +224,8 @@ def tenants_section(args: argparse.Namespace, facts: list[str], embedder: Embedd
         queries = [f"{facts[rng.randrange(len(facts))]} ?{n}" for n in range(args.searches)]
         search_s, _ = timed([lambda u=u, q=q: memory.search(q, user_id=u, top_k=30) for u, q in zip(users, queries)])
         query_vectors = embedder.encode(queries)
-        store_s, _ = timed([lambda u=u, v=v: memory.store.search(f"user_id={u}", v, 30) for u, v in zip(users, query_vectors)])
-    # What each new user cost in the per-scope layout: a bank (a collection) of its own, then the ADD.
+        store_s, _ = timed([lambda u=u, v=v: memory.store.search(v[None, :], f"user_id={u}", None, 30) for u, v in zip(users, query_vectors)])
+    # What each new user cost in the per-scope layout: a collection of its own, then the ADD.
     collection_s, _ = timed([
         lambda n=n: per_scope_user(scratch / "per_scope.db", f"scope_{n}", facts[n], embedder) for n in range(args.collection_users)
     ])
@@ -247,8 +248,12 @@ def tenants_section(args: argparse.Namespace, facts: list[str], embedder: Embedd
 
 
 def per_scope_user(uri: Path, name: str, text: str, embedder: Embedder) -> None:
-    with MemoryBank.open(uri, name, embedder) as bank:
-        bank.apply(MemoryOp(OpKind.ADD, text, speaker=f"user_id={name}"))
+    store = MilvusStore.open(str(uri.resolve()), embedder.dim, "", name)
+    try:
+        op = MemoryOp(OpKind.ADD, text, speaker=f"user_id={name}", timestamp=now())
+        store.write([added(op, op.speaker, uuid7(), 0, embedder.encode([text])[0])])
+    finally:
+        store.close()
 
 
 # -- replicas: one and two `memr1 serve` on one Milvus server ---------------------------------------

@@ -159,8 +159,8 @@ def _run_knowledge_update(args: argparse.Namespace) -> int:
 def _configure_memory(parser: argparse.ArgumentParser) -> None:
     """The options of a served `Memory`: where it lives and its agents (`serve` and `mcp`)."""
     model_help = "embedded:NAME, a HF directory, or openai:URL#MODEL; 'none' for no model"
-    parser.add_argument("--path", type=Path, default=Path("memories"), help="where the memories live (Milvus Lite, default ./memories); with --uri, only an older per-scope layout found there is moved onto the server")
-    parser.add_argument("--uri", help="a Milvus server URI (http://host:port) instead of Milvus Lite: replicas of the service share one")
+    parser.add_argument("--path", type=Path, default=Path("memories"), help="where the memories live (Milvus Lite, default ./memories); with --uri, only an earlier layout found there is moved onto the server")
+    parser.add_argument("--uri", help="another store instead of Milvus Lite: a Milvus server (http://host:port; replicas of the service share one), qdrant:DIR or qdrant+http://host:port (the qdrant extra), or :memory:")
     parser.add_argument("--model", default="embedded:smollm2-135m-instruct", help=f"the backbone of all three agents: {model_help}")
     parser.add_argument("--manager", default="none", help="the Memory Manager: 'none' (ADD every fact), 'base' (the prompted backbone), a shipped agent (trained:NAME), a trained policy/ export dir, or openai:URL#MODEL")
     parser.add_argument("--answer", default="base", help="the Answer Agent: 'base', a shipped agent (trained:NAME), a trained policy/ export dir, openai:URL#MODEL, or 'none'")

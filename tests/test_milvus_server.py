@@ -2,8 +2,10 @@
 `milvus`, started on a loopback port for this module) through pymilvus 3.x: the bank scenarios that
 the rest of the suite runs on Milvus Lite, over `http://127.0.0.1:PORT`.
 
-What works with pymilvus 3.x against a 2.3 server: collections with the bank's schema, insert /
-upsert, flush, FLAT search with a speaker filter (escaped string literals), query iterators, reopen
+What works with pymilvus 3.x against a 2.3 server: collections with the store's schema (the scope a
+partition key), insert and delete (a memory's next revision, then its earlier ones: the server's upsert
+loses rows of a partition-key collection), flush, FLAT search with a speaker filter (escaped string
+literals), query iterators, reopen
 (collections come back loaded), several processes on one server. What did not, and is handled: a
 JSON field whose top level is an array (the server answers "cannot unmarshal array into ... map"),
 so the banks keep their JSON lists under {"items": [...]}; the server gives no session timestamp to

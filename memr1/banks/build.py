@@ -72,7 +72,8 @@ def memory_items(conversation: Conversation, source: str) -> list[Fact]:
 
 
 def bank_name(conversation_id: str) -> str:
-    """A Milvus collection name (letters, digits, underscores) for a conversation id."""
+    """The bank (its scope in the store) of a conversation id: letters, digits and underscores, as
+    when each bank was a Milvus collection of that name (`MemoryBank.open` moves such a bank in)."""
     return "bank_" + re.sub(r"[^0-9A-Za-z_]", "_", conversation_id)
 
 

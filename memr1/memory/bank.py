@@ -1,8 +1,8 @@
-"""Memory banks: one Milvus collection per conversation, searched through an in-process index.
+"""Memory banks: one conversation's memories, a scope of a store, searched through an in-process index.
 
-Milvus is the store of record; a filtered top-30 search there costs ~35 ms at 20k rows, a numpy scan
-2-3 ms. So every bank keeps its live memories in a `VectorIndex`, updated together with each write,
-and search never leaves the process. `fork()` gives rollouts a copy-on-write view: G candidate
+The store (Milvus, Qdrant, or ":memory:"; `memr1.memory.stores`) is the store of record; a filtered
+top-30 search in Milvus costs ~35 ms at 20k rows, a numpy scan 2-3 ms. So every bank keeps its live
+memories in a `VectorIndex`, updated together with each write, and search never leaves the process. `fork()` gives rollouts a copy-on-write view: G candidate
 operations can each be applied to their own fork without touching Milvus or the bank.
 
 Ids: a bank names a memory `m<step>`, the bank step at which it was created (steps count writes:
@@ -20,7 +20,6 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import numpy as np
 
@@ -40,7 +39,8 @@ from memr1.memory.records import (
     updated,
     with_score,
 )
-from memr1.memory.ephemeral import MEMORY_URI, EphemeralStore
+from memr1.memory.ephemeral import MEMORY_URI
+from memr1.memory.stores import move_legacy_bank, open_store, resolve_store_uri
 from memr1.types import MemoryEntry, MemoryOp, OpKind
 
 WRITE_BATCH = 1_000  # rows per insert request: ~1.6 MB of vectors, far below gRPC's message limit
@@ -72,7 +72,7 @@ class MemoryView(abc.ABC):
         check_op(op, self.name)
         step = self.step + 1
         if op.kind is OpKind.ADD:
-            memory = added(op, self._new_id(step), step, self._embed_one(op.text))
+            memory = added(op, self.name, self._new_id(step), step, self._embed_one(op.text))
         else:
             current = live_target(self._get(op.target_id), op, self.name)
             if op.kind is OpKind.UPDATE:
@@ -178,30 +178,25 @@ class MemoryBank(MemoryView):
 
     @classmethod
     def open(cls, uri: str | Path, name: str, embedder: Embedder, *, token: str = "") -> MemoryBank:
-        """Open (creating if needed) the bank `name` at `uri`: a Milvus Lite path ending in `.db`
-        (a directory; one process per file, `BankLockedError` otherwise), a Milvus server URI,
-        `qdrant:PATH` or `qdrant+http://host:port` (Qdrant, embedded or a server: the `qdrant` extra),
-        or ":memory:" (a new, empty bank that keeps nothing once closed; no store is imported)."""
-        if str(uri) == MEMORY_URI:
-            return cls(EphemeralStore(name), name, embedder, ())
-        store_class: Any
-        if str(uri).startswith("qdrant"):
-            from memr1.memory import qdrant_store  # qdrant-client: only for banks kept in Qdrant
-
-            store_class, resolved = qdrant_store.QdrantStore, qdrant_store.resolve_uri(str(uri))
-        else:
-            from memr1.memory.store import MilvusStore, resolve_uri  # pymilvus: only for banks kept in Milvus
-
-            store_class, resolved = MilvusStore, resolve_uri(uri)
-        if (resolved, name) in _open_banks:
+        """Open (creating if needed) the bank `name`, a scope of the store at `uri`: a Milvus Lite path
+        ending in `.db` (a directory; one process per file, `BankLockedError` otherwise), a Milvus
+        server URI, `qdrant:PATH` or `qdrant+http://host:port` (Qdrant, embedded or a server: the
+        `qdrant` extra), or ":memory:" (a new, empty bank that keeps nothing once closed; no store is
+        imported). A bank kept in its own collection by an earlier memr1 is moved in first."""
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"bank name: expected a non-empty string, got {name!r}")
+        resolved = resolve_store_uri(uri)
+        if resolved != MEMORY_URI and (resolved, name) in _open_banks:
             raise MemoryBankError(f"{resolved}: bank {name!r} is already open in this process: share that MemoryBank")
-        store = store_class.open(resolved, name, embedder.dim, token)
+        store = open_store(resolved, embedder.dim, token=token)
         try:
-            bank = cls(store, name, embedder, store.rows())
+            move_legacy_bank(store, name)
+            bank = cls(store, name, embedder, store.rows(name))
         except BaseException:
             store.close()
             raise
-        _open_banks.add((resolved, name))
+        if resolved != MEMORY_URI:
+            _open_banks.add((resolved, name))
         return bank
 
     @property
@@ -230,7 +225,7 @@ class MemoryBank(MemoryView):
             batch_ops, batch_vectors = ops[start : start + WRITE_BATCH], vectors[start : start + WRITE_BATCH]
             steps = range(self.step + 1, self.step + 1 + len(batch_ops))
             batch = [
-                added(op, self._new_id(step), step, vector) for op, vector, step in zip(batch_ops, batch_vectors, steps)
+                added(op, self.name, self._new_id(step), step, vector) for op, vector, step in zip(batch_ops, batch_vectors, steps)
             ]
             self._commit(batch)
             entries.extend(memory.entry for memory in batch)
@@ -268,15 +263,14 @@ class MemoryBank(MemoryView):
         return sorted(chosen, key=lambda entry: entry.created_step)
 
     def search_in_store(self, vector: np.ndarray, speaker: str | None = None, k: int = 30) -> list[MemoryEntry]:
-        """The store's own filtered search (Milvus' or Qdrant's) over its rows: the reference the index
-        is checked and benchmarked against (much slower; `search` is the one to use)."""
+        """The store's own filtered search (Milvus', Qdrant's, or numpy's in memory) over its rows: the
+        reference the index is checked and benchmarked against (much slower; `search` is the one to use)."""
         self._check_usable()
         if self._released:
             raise MemoryBankError(f"bank {self.name!r}: search_in_store needs the store, which was released")
         where = f"bank {self.name!r}: search_in_store vector"
         query = unit_rows(np.asarray(vector)[None, :], self.embedder.dim, where)
-        hits = self._store.search(query, speaker, k)[0]
-        return [with_score(self._records[memory_id].entry, score) for memory_id, score in hits]
+        return [memory.entry for memory in self._store.search(query, self.name, speaker, k)[0]]
 
     def release_store(self) -> None:
         """Close the Milvus connection and keep the in-process index: the bank still serves every read
@@ -326,13 +320,8 @@ class MemoryBank(MemoryView):
     def _write(self, memories: Sequence[StoredMemory]) -> None:
         if self._released:
             raise MemoryBankError(f"bank {self.name!r} is read-only (its store was released): reopen it to write")
-        # Milvus first: if the write fails, the bank's state has not moved.
-        new = [memory for memory in memories if memory.id not in self._records]
-        changed = [memory for memory in memories if memory.id in self._records]
-        if new:
-            self._store.insert(new)
-        if changed:
-            self._store.upsert(changed)
+        # The store first: if the write fails, the bank's state has not moved.
+        self._store.write(memories)
         for memory in memories:
             self._remember(memory)
 

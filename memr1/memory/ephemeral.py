@@ -1,9 +1,10 @@
-"""The store of banks that live only in memory: `uri=":memory:"`, as SQLite names an in-memory database.
+"""The store of memories that live only in the process: `uri=":memory:"`, as SQLite names an in-memory
+database.
 
 A bank already holds every record and its search index in the process; Milvus is what makes them
-outlive it. Runs that rebuild their banks each time and machines without Milvus (a GPU image without
-pymilvus and milvus-lite, whose wheels come to ~90 MB) use this store: writes go nowhere, a reopened
-bank starts empty, and nothing imports pymilvus.
+outlive it. Runs that rebuild their banks each time, machines without Milvus (a GPU image without
+pymilvus and milvus-lite, whose wheels come to ~90 MB) and tests of the service use this store: it
+keeps the records in a dict, searches them exactly with numpy, and nothing of it outlives the object.
 """
 
 from __future__ import annotations
@@ -12,34 +13,64 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from memr1.memory.errors import MemoryBankError
-from memr1.memory.records import StoredMemory
+from memr1.memory.records import StoredMemory, scored
 
 MEMORY_URI = ":memory:"
 
 
 class EphemeralStore:
-    """A `RecordStore` that keeps nothing beyond the bank that owns it."""
+    """A `RecordStore` in a dict: the same contract as Milvus', kept by nothing but this object."""
 
     uri = MEMORY_URI
 
-    def __init__(self, collection: str) -> None:
-        self.collection = collection
+    def __init__(self) -> None:
+        self._memories: dict[tuple[str, str], StoredMemory] = {}
 
-    def insert(self, memories: Sequence[StoredMemory]) -> None:
-        pass
+    def write(self, memories: Sequence[StoredMemory]) -> None:
+        for memory in memories:
+            self._memories[memory.scope, memory.id] = memory
 
-    def upsert(self, memories: Sequence[StoredMemory]) -> None:
-        pass
+    def rows(self, scope: str, with_vectors: bool = True) -> Iterator[StoredMemory]:
+        return iter([memory for (owner, _), memory in self._memories.items() if owner == scope])
+
+    def get(self, memory_id: str, scope: str | None = None) -> StoredMemory | None:
+        if scope is not None:
+            return self._memories.get((scope, memory_id))
+        return next((memory for (_, owned), memory in self._memories.items() if owned == memory_id), None)
+
+    def search(self, vectors: np.ndarray, scope: str, speaker: str | None, k: int) -> list[list[StoredMemory]]:
+        live = [
+            memory for (owner, _), memory in self._memories.items()
+            if owner == scope and not memory.deleted and (speaker is None or memory.entry.speaker == speaker)
+        ]
+        if not live:
+            return [[] for _ in vectors]
+        scores = np.asarray(vectors, dtype=np.float32) @ np.stack([memory.vector for memory in live]).T  # (q, n)
+        # Best first; equal scores by creation step, then id (Milvus leaves ties in no stated order).
+        order = sorted(range(len(live)), key=lambda i: (live[i].entry.created_step, live[i].id))
+        return [
+            [scored(live[i], float(row[i])) for i in sorted(order, key=lambda i: -row[i])[:k]]
+            for row in scores
+        ]
+
+    def forget(self, scope: str, memory_ids: Sequence[str]) -> None:
+        for memory_id in memory_ids:
+            self._memories.pop((scope, memory_id), None)
+
+    def clear(self) -> None:
+        self._memories.clear()
+
+    def count(self) -> int:
+        return len(self._memories)
 
     def flush(self) -> None:
-        pass
+        """Nothing to seal."""
 
-    def rows(self) -> Iterator[StoredMemory]:
-        return iter(())
+    def legacy_rows(self, name: str, scope: str) -> list[StoredMemory] | None:
+        return None  # nothing outlives the process, so no earlier layout either
 
-    def search(self, vectors: np.ndarray, speaker: str | None, k: int) -> list[list[tuple[str, float]]]:
-        raise MemoryBankError(f"bank {self.collection!r} lives in memory ({MEMORY_URI}): there is no store to search")
+    def drop_legacy(self, name: str) -> None:
+        raise KeyError(name)
 
     def close(self) -> None:
-        pass
+        """Nothing to release: the memories go with the object."""

@@ -1,16 +1,30 @@
-"""One bank's Milvus collection: the store of record (a Milvus Lite `.db` directory or a server URI).
+"""Memories in Milvus (a Milvus Lite `.db` directory or a server URI): one collection holds every
+scope, the scope its partition key.
 
-Each row is one memory, deleted ones included (deletes are soft). Rows are written before the
-in-process index changes, so whatever a bank has acknowledged is stored: Milvus Lite appends every
-write to its log and hands it to the OS before answering, so a killed process loses none of them.
+Milvus' documented way to hold many tenants is one collection with a partition key, not a collection
+per tenant: a new scope is then one row insert (about a millisecond) instead of a new collection (about
+0.6 s), and a search filtered on the key reads only that key's partition. Training banks
+(a scope per conversation) and the service (`memr1.service`, a scope per user) keep
+the same records in the same layout; the store is the only copy the service reads, so several `memr1
+serve` replicas on one Milvus server see each other's writes at once (Strong consistency).
+
+Rows are versioned: a memory's row key is `<scope hash>/<id>/<revision>`, and a write inserts the next
+revision, then deletes the earlier ones. Not an upsert: the 2.3 servers (the PyPI `milvus` package) put
+upserted rows in the wrong partition of a partition-key collection, where a filter on the key never
+finds them (measured: found after insert, lost after upsert). A process killed between the insert and
+the delete leaves an earlier revision beside the new one: reads keep the newest, and the memory's next
+write removes it. Milvus Lite appends every write to its log and hands it to the OS before answering,
+so a killed process loses no acknowledged write.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +38,17 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 from pymilvus import DataType, MilvusClient, MilvusException  # noqa: E402  (after GRPC_VERBOSITY)
 
 from memr1.memory.errors import BankLockedError, MemoryBankError
-from memr1.memory.expr import field_equals
+from memr1.memory.expr import field_equals, string_literal
 from memr1.memory.records import (
     MAX_SPEAKER_BYTES,
     MAX_TEXT_BYTES,
     MAX_TIMESTAMP_BYTES,
-    Revision,
     StoredMemory,
+    newest,
+    newest_of_found,
+    revision_item,
+    revisions,
+    scored,
 )
 from memr1.quiet import DropMessages, messages_dropped
 from memr1.types import MemoryEntry
@@ -38,18 +56,26 @@ from memr1.types import MemoryEntry
 log = logging.getLogger(__name__)
 
 FIELDS = (
-    "id", "vector", "text", "speaker", "timestamp", "provenance", "created_step", "updated_step", "deleted", "history"
+    "row", "id", "revision", "scope", "speaker", "vector", "text", "timestamp", "provenance", "created_step",
+    "updated_step", "deleted", "history", "metadata",
 )
 MAX_ID_BYTES = 128
+MAX_ROW_BYTES = 160  # 16 hex of the scope's hash, the id, the revision
 READ_BATCH = 2_000
+DELETE_BATCH = 100  # earlier revisions removed per delete request
+# Milvus Lite searches rows not yet sealed into a segment by brute force, and slowly (measured with
+# 30k such rows: 1.1 s a search; 18 ms once flushed); a flush costs ~30-50 ms. So a Lite store flushes
+# after this many writes. A server seals segments itself.
+LITE_FLUSH_EVERY = 64
 _COLLECTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,254}")
 # Milvus Lite 3.x keeps an flock on this file inside the .db directory while a process has it open.
 _LITE_LOCK_FILE = "LOCK"
 # Milvus Lite 3.x's per-segment index files (`<segment>.<field>.<type>.idx`, scalar ones `.sidx`):
 # derived from the segment's data, rebuilt by a load that finds none.
 _LITE_INDEX_FILES = ("collections/{collection}/partitions/*/indexes/*.idx", "collections/{collection}/partitions/*/indexes/*.sidx")
-# JSON fields hold their list under this key: Milvus 2.3 servers accept only objects at the top level.
+# JSON fields hold their value under a key: Milvus 2.3 servers accept only objects at the top level.
 JSON_ITEMS = "items"
+JSON_VALUE = "value"
 
 # A Milvus Lite server runs inside this process per open .db path; it stops when its last store closes,
 # which releases the file lock for other processes.
@@ -93,74 +119,148 @@ def resolve_uri(uri: str | Path) -> str:
 
 
 class MilvusStore:
-    """Reads and writes the rows of one collection (a `memr1.memory.records.RecordStore`)."""
+    """The memories of every scope in one Milvus collection (a `memr1.memory.records.RecordStore`).
+
+    Thread-safe as pymilvus' client is; callers serialise the read -> decide -> write of one scope."""
 
     def __init__(self, client: MilvusClient, uri: str, collection: str) -> None:
-        self.client = client
-        self.uri = uri
-        self.collection = collection
+        self.client, self.uri, self.collection = client, uri, collection
+        self._writes_since_flush = 0
+        self._flush_lock = threading.Lock()
 
     @classmethod
-    def open(cls, uri: str, collection: str, dim: int, token: str = "") -> MilvusStore:
+    def open(cls, uri: str, dim: int, token: str, collection: str) -> MilvusStore:
         """Connect to `uri` (resolved by `resolve_uri`), create the collection if missing, check its
         schema and load it (Milvus Lite reopens collections unloaded)."""
         if not _COLLECTION_NAME.fullmatch(collection):
-            raise ValueError(
-                f"bank name {collection!r}: Milvus collection names are 1-255 letters, digits and "
-                "underscores, not starting with a digit (e.g. 'conv_26' for conversation 'conv-26')"
-            )
-        client = open_collection(uri, token, collection, dim, FIELDS, "a memory bank", _bank_schema)
+            raise ValueError(f"collection {collection!r}: Milvus collection names are 1-255 letters, digits and underscores")
+        client = open_collection(uri, token, collection, dim, FIELDS, "a memr1 memory store", _schema)
         return cls(client, uri, collection)
 
-    def insert(self, memories: Sequence[StoredMemory]) -> None:
+    # -- writes ---------------------------------------------------------------------------------------
+    def write(self, memories: Sequence[StoredMemory]) -> None:
+        if not memories:
+            return
         self.client.insert(self.collection, [to_row(memory) for memory in memories])
+        earlier = [
+            f"({field_equals('scope', m.scope)} and {field_equals('id', m.id)} and revision < {m.revision})"
+            for m in memories if m.revision > 0
+        ]
+        for start in range(0, len(earlier), DELETE_BATCH):
+            self.client.delete(self.collection, filter=" or ".join(earlier[start : start + DELETE_BATCH]))
+        if is_lite_uri(self.uri):
+            with self._flush_lock:
+                self._writes_since_flush += len(memories)
+                due = self._writes_since_flush >= LITE_FLUSH_EVERY
+                if due:
+                    self._writes_since_flush = 0
+            if due:
+                self.client.flush(self.collection)
 
-    def upsert(self, memories: Sequence[StoredMemory]) -> None:
-        self.client.upsert(self.collection, [to_row(memory) for memory in memories])
+    def forget(self, scope: str, memory_ids: Sequence[str]) -> None:
+        for start in range(0, len(memory_ids), DELETE_BATCH):
+            ids = ", ".join(string_literal(memory_id) for memory_id in memory_ids[start : start + DELETE_BATCH])
+            self.client.delete(self.collection, filter=f"{field_equals('scope', scope)} and id in [{ids}]")
 
-    def flush(self) -> None:
-        """Seal buffered writes into segments. Milvus Lite searches unflushed rows far more slowly
-        (measured: ~600 ms at 10k rows, ~40 ms once flushed), so bulk loads end with this."""
+    def clear(self) -> None:
+        self.client.delete(self.collection, filter="revision >= 0")
         self.client.flush(self.collection)
 
-    def rows(self) -> Iterator[StoredMemory]:
-        """Every stored memory, deleted ones included, in no particular order."""
-        for batch in quiet_query_iterator(self.client, self.collection, "", list(FIELDS)):
-            yield from (from_row(row, f"{self.uri}: collection {self.collection!r}") for row in batch)
+    def flush(self) -> None:
+        self.client.flush(self.collection)
 
-    def search(self, vectors: np.ndarray, speaker: str | None, k: int) -> list[list[tuple[str, float]]]:
-        """Milvus' own exact search over live rows: vectors (q, dim) float32 -> q lists of (id, score)."""
-        expr = "deleted == false"
+    # -- reads ----------------------------------------------------------------------------------------
+    def rows(self, scope: str, with_vectors: bool = True) -> Iterator[StoredMemory]:
+        yield from newest(self._rows(field_equals("scope", scope), with_vectors))
+
+    def get(self, memory_id: str, scope: str | None = None) -> StoredMemory | None:
+        expression = field_equals("id", memory_id)
+        if scope is not None:
+            expression = f"{field_equals('scope', scope)} and {expression}"
+        rows = self.client.query(self.collection, filter=expression, output_fields=list(FIELDS))
+        found = [from_row(row, self._where()) for row in rows]
+        scopes = {memory.scope for memory in found}
+        if len(scopes) > 1:
+            raise MemoryBankError(f"{self._where()}: id {memory_id!r} names memories of {len(scopes)} scopes: give the scope")
+        memories = newest(found)
+        return memories[0] if memories else None
+
+    def search(self, vectors: np.ndarray, scope: str, speaker: str | None, k: int) -> list[list[StoredMemory]]:
+        expression = f"{field_equals('scope', scope)} and deleted == false"
         if speaker is not None:
-            expr += " and " + field_equals("speaker", speaker)
+            expression += " and " + field_equals("speaker", speaker)
         results = self.client.search(
             self.collection,
-            data=vectors.tolist(),
+            data=np.asarray(vectors, dtype=np.float32).tolist(),
             anns_field="vector",
-            filter=expr,
+            filter=expression,
             limit=k,
-            output_fields=["id"],
+            output_fields=[name for name in FIELDS if name != "vector"],
             search_params={"metric_type": "IP"},
         )
-        return [[(hit["id"], float(hit["distance"])) for hit in hits] for hits in results]
+        where = self._where()
+        return [
+            newest_of_found([scored(from_row(hit["entity"], where, with_vector=False), float(hit["distance"])) for hit in hits])
+            for hits in results
+        ]
 
+    def count(self) -> int:
+        return int(self.client.query(self.collection, filter="", output_fields=["count(*)"])[0]["count(*)"])
+
+    def _rows(self, expression: str, with_vectors: bool) -> Iterator[StoredMemory]:
+        fields = [name for name in FIELDS if with_vectors or name != "vector"]
+        where = self._where()
+        for batch in quiet_query_iterator(self.client, self.collection, expression, fields):
+            yield from (from_row(row, where, with_vector=with_vectors) for row in batch)
+
+    # -- the layout before scopes --------------------------------------------------------------------
+    def legacy_rows(self, name: str, scope: str) -> list[StoredMemory] | None:
+        """The memories of `name`, a collection of the layout before scopes (a collection per bank),
+        given `scope`; None if there is no such collection."""
+        if name == self.collection or not self.client.has_collection(name):
+            return None
+        legacy_fields = [field for field in FIELDS if field not in ("row", "revision", "scope", "metadata")]
+        described = {field["name"] for field in self.client.describe_collection(name)["fields"]}
+        if not set(legacy_fields) <= described:
+            raise MemoryBankError(f"{self.uri}: collection {name!r} is not a memory bank of an earlier memr1: it cannot be moved into {self.collection!r}")
+        load_collection(self.client, self.uri, name)
+        where = f"{self.uri}: collection {name!r}"
+        return [
+            from_row(row, where, scope=scope)
+            for batch in quiet_query_iterator(self.client, name, "", legacy_fields)
+            for row in batch
+        ]
+
+    def drop_legacy(self, name: str) -> None:
+        self.client.drop_collection(name)
+
+    # -- lifecycle ------------------------------------------------------------------------------------
     def close(self) -> None:
+        if is_lite_uri(self.uri) and self._writes_since_flush:
+            self.client.flush(self.collection)
         self.client.close()
         release(self.uri)
 
+    def _where(self) -> str:
+        return f"{self.uri}: collection {self.collection!r}"
 
-def _bank_schema(client: MilvusClient, dim: int) -> Any:
+
+def _schema(client: MilvusClient, dim: int) -> Any:
     schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
-    schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
+    schema.add_field("row", DataType.VARCHAR, is_primary=True, max_length=MAX_ROW_BYTES)
+    schema.add_field("id", DataType.VARCHAR, max_length=MAX_ID_BYTES)
+    schema.add_field("revision", DataType.INT64)
+    schema.add_field("scope", DataType.VARCHAR, max_length=MAX_SPEAKER_BYTES, is_partition_key=True)
+    schema.add_field("speaker", DataType.VARCHAR, max_length=MAX_SPEAKER_BYTES)
     schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
     schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
-    schema.add_field("speaker", DataType.VARCHAR, max_length=MAX_SPEAKER_BYTES)
     schema.add_field("timestamp", DataType.VARCHAR, max_length=MAX_TIMESTAMP_BYTES)
     schema.add_field("provenance", DataType.JSON)
     schema.add_field("created_step", DataType.INT64)
     schema.add_field("updated_step", DataType.INT64)
     schema.add_field("deleted", DataType.BOOL)
     schema.add_field("history", DataType.JSON)
+    schema.add_field("metadata", DataType.JSON)
     return schema
 
 
@@ -288,25 +388,27 @@ def release(uri: str) -> None:
         server_manager_instance.release_server(uri)
 
 
+def row_key(memory: StoredMemory) -> str:
+    return f"{hashlib.blake2b(memory.scope.encode(), digest_size=8).hexdigest()}/{memory.id}/{memory.revision}"
+
+
 def to_row(memory: StoredMemory) -> dict:
     entry = memory.entry
     return {
+        "row": row_key(memory),
         "id": entry.id,
-        "vector": memory.vector.tolist(),
-        "text": entry.text,
+        "revision": memory.revision,
+        "scope": memory.scope,
         "speaker": entry.speaker,
+        "vector": np.asarray(memory.vector, dtype=np.float32).tolist(),
+        "text": entry.text,
         "timestamp": entry.timestamp,
         "provenance": {JSON_ITEMS: list(entry.provenance)},
         "created_step": entry.created_step,
         "updated_step": entry.updated_step,
         "deleted": memory.deleted,
-        "history": {
-            JSON_ITEMS: [
-                {"action": rev.action, "step": rev.step, "text": rev.text, "timestamp": rev.timestamp,
-                 "provenance": list(rev.provenance)}
-                for rev in memory.history
-            ]
-        },
+        "history": {JSON_ITEMS: [revision_item(revision) for revision in memory.history]},
+        "metadata": {JSON_VALUE: None if memory.metadata is None else dict(memory.metadata)},
     }
 
 
@@ -320,9 +422,10 @@ def json_items(value: object) -> list:
     raise TypeError(f"expected a JSON list or {{{JSON_ITEMS!r}: [...]}}, got {type(value).__name__}")
 
 
-def from_row(row: dict, where: str) -> StoredMemory:
-    """A stored memory from a Milvus row; `MemoryBankError` naming the row and field if malformed."""
-    row_id = row.get("id")
+def from_row(row: Mapping[str, Any], where: str, with_vector: bool = True, scope: str | None = None) -> StoredMemory:
+    """A stored memory from a Milvus row; `MemoryBankError` naming the row and field if malformed.
+    `scope` given: a row of the layout before scopes (a collection per bank), which has no scope,
+    revision or metadata."""
     try:
         entry = MemoryEntry(
             id=str(row["id"]),
@@ -333,12 +436,15 @@ def from_row(row: dict, where: str) -> StoredMemory:
             created_step=int(row["created_step"]),
             updated_step=int(row["updated_step"]),
         )
-        history = tuple(
-            Revision(r["action"], int(r["step"]), str(r["text"]), str(r["timestamp"]), tuple(map(str, r["provenance"])))
-            for r in json_items(row["history"])
+        vector = np.asarray(row["vector"], dtype=np.float32) if with_vector else np.empty(0, dtype=np.float32)
+        return StoredMemory(
+            scope=str(row["scope"]) if scope is None else scope,
+            entry=entry,
+            vector=vector,
+            deleted=bool(row["deleted"]),
+            history=revisions(json_items(row["history"])),
+            revision=int(row["revision"]) if scope is None else 0,
+            metadata=row["metadata"][JSON_VALUE] if scope is None else None,
         )
-        vector = np.asarray(row["vector"], dtype=np.float32)
-        is_deleted = bool(row["deleted"])
     except (KeyError, TypeError, ValueError) as error:
-        raise MemoryBankError(f"{where}: row {row_id!r}: malformed field {error}") from error
-    return StoredMemory(entry, vector, deleted=is_deleted, history=history)
+        raise MemoryBankError(f"{where}: row {row.get('id')!r}: malformed field {error}") from error

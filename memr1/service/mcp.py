@@ -72,7 +72,7 @@ class MemoryMCP(MCPServer):
 
     def _own(self, memory_id: str, user: str, live: bool = True) -> None:
         """Refuse `memory_id` unless it is a memory of `user`'s scope (live, unless `live=False`)."""
-        stored = self.memory.store.get(memory_id) if isinstance(memory_id, str) and memory_id else None
+        stored = self.memory.record(memory_id) if isinstance(memory_id, str) and memory_id else None
         if stored is None or stored.scope != scope_of(user) or (live and stored.deleted):
             raise ToolError(f"memory id {memory_id!r}: no such {'live ' if live else ''}memory of this user")
 

@@ -5,13 +5,14 @@
     m.search("pets", user_id="andrew")          # {"results": [{"id", "memory", "score", ...}]}
     m.answer("What are Andrew's dogs called?", user_id="andrew")
 
-Each scope (user_id / agent_id / run_id, as Mem0) is a partition of one Milvus collection
-(`memr1.service.store`: Milvus Lite under `path` by default, or a server at `uri`, which several
-`memr1 serve` replicas can share). `add` turns messages into facts (the extractor model, or each
+Each scope (user_id / agent_id / run_id, as Mem0) is a scope of the store the training banks use
+(`memr1.memory.stores`; the service's own collection): Milvus Lite under `path` by default, or `uri`:
+a Milvus server, which several `memr1 serve` replicas can share, Qdrant, or ":memory:". Memories are
+the banks' records and change by the banks' rules (`memr1.memory.records`). `add` turns messages into facts (the extractor model, or each
 message as it is), shows each fact its most similar memories and lets the Memory Manager choose
 ADD / UPDATE / DELETE / NOOP (or ADDs everything when no Manager is configured). Deletes are soft and
 every write is in the memory's revision history: `history` reads it and `restore` undoes a DELETE.
-Memories kept by the per-scope layout of earlier versions are moved in when `path` is opened
+Memories kept by the layouts of earlier versions are moved in when `path` is opened
 (`memr1.service.migrate`), with their ids.
 
 Thread safety: a lock per scope (striped) around every retrieve -> decide -> write and every write by
@@ -35,19 +36,29 @@ from memr1.agents.manager import ManagerAgent
 from memr1.banks.policies import add_op
 from memr1.embed import Embedder
 from memr1.memory.errors import MemoryBankError
-from memr1.memory.records import MAX_TEXT_BYTES, check_op
-from memr1.memory.store import resolve_uri
-from memr1.service.migrate import migrate_scoped_collections
+from memr1.memory.records import MAX_TEXT_BYTES, StoredMemory, added, check_op, deleted, restored, updated, with_metadata
+from memr1.memory.stores import open_store, resolve_store_uri
+from memr1.service.migrate import migrate_earlier_layouts
 from memr1.service.models import TextModel
-from memr1.service.scopes import EVENTS, SCOPE_KEYS, MemoryNotFound, dialogue_time, from_unix, now, scope_of
-from memr1.service.store import ScopedMemory, ScopedStore
+from memr1.service.scopes import (
+    EVENTS,
+    SCOPE_KEYS,
+    SERVICE_COLLECTION,
+    MemoryNotFound,
+    dialogue_time,
+    from_unix,
+    is_memory_id,
+    now,
+    scope_of,
+    uuid7,
+)
 from memr1.types import Fact, MemoryEntry, MemoryOp, OpKind, Turn
 
 SCOPE_LOCKS = 256  # stripes: a bounded set of locks however many scopes there are
 
 
 class Memory:
-    """Mem0's `Memory` over one Milvus collection of scoped memories, plus `answer` and `restore`."""
+    """Mem0's `Memory` over one collection of scoped memories, plus `answer` and `restore`."""
 
     def __init__(
         self,
@@ -67,17 +78,17 @@ class Memory:
     ) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self.uri = resolve_uri(uri or self.path / "memories.db")
+        self.uri = resolve_store_uri(uri or self.path / "memories.db")
         self.embedder = embedder or Embedder()
         self.extractor, self.manager, self.answerer = extractor, manager, answerer
         self.num_candidates, self.k, self.max_new_tokens = num_candidates, k, max_new_tokens
         self.manager_agent = ManagerAgent(add_text)  # what the Manager's ADD stores (memr1.agents.manager)
         self.answer_agent = AnswerAgent(distill=distill, max_answer_words=max_answer_words)
         self.fact_extractor = FactExtractor()
-        self.store = ScopedStore.open(self.uri, self.embedder.dim)
+        self.store = open_store(self.uri, self.embedder.dim, collection=SERVICE_COLLECTION)
         self._locks = [threading.RLock() for _ in range(SCOPE_LOCKS)]
         try:
-            migrate_scoped_collections(self.path, self.store, self.embedder.dim)
+            migrate_earlier_layouts(self.path, self.store)
         except BaseException:
             self.store.close()
             raise
@@ -86,9 +97,13 @@ class Memory:
     def _lock(self, scope: str) -> threading.RLock:
         return self._locks[zlib.crc32(scope.encode()) % SCOPE_LOCKS]
 
-    def _stored(self, memory_id: str, live: bool = True) -> ScopedMemory:
+    def record(self, memory_id: str) -> StoredMemory | None:
+        """The memory `memory_id` as stored (deleted or not, any scope); None if there is none."""
+        return self.store.get(memory_id) if is_memory_id(memory_id) else None
+
+    def _stored(self, memory_id: str, live: bool = True) -> StoredMemory:
         """The memory `memory_id` (live, unless `live=False`); `MemoryNotFound` naming it otherwise."""
-        memory = self.store.get(memory_id)
+        memory = self.record(memory_id)
         if memory is None:
             raise MemoryNotFound(f"memory id {memory_id!r}: no such memory")
         if live and memory.deleted:
@@ -100,26 +115,36 @@ class Memory:
 
     # -- results --------------------------------------------------------------------------------------
     @staticmethod
-    def _item(memory: ScopedMemory) -> dict[str, Any]:
+    def _item(memory: StoredMemory) -> dict[str, Any]:
         ids = dict(part.split("=", 1) for part in memory.scope.split("&"))
+        text = memory.entry.text
         item = {
             "id": memory.id,
-            "memory": memory.text,
-            "hash": hashlib.md5(memory.text.encode()).hexdigest(),
+            "memory": text,
+            "hash": hashlib.md5(text.encode()).hexdigest(),
             "metadata": memory.metadata,
             "created_at": memory.created_at,
-            "updated_at": memory.updated_at,
+            "updated_at": memory.entry.timestamp,
             **{key: ids.get(key) for key in SCOPE_KEYS if key in ids},
         }
-        if memory.score is not None:
-            item["score"] = memory.score
+        if memory.entry.score is not None:
+            item["score"] = memory.entry.score
         return item
 
     @staticmethod
-    def _entry(memory: ScopedMemory) -> MemoryEntry:
+    def _entry(memory: StoredMemory) -> MemoryEntry:
         """A memory as the agents' prompts show it (the Manager by position, mapped back to `id`), dated
         as in their training data."""
-        return MemoryEntry(memory.id, memory.text, memory.scope, dialogue_time(memory.updated_at), (), 0, 0, memory.score)
+        entry = memory.entry
+        return MemoryEntry(entry.id, entry.text, memory.scope, dialogue_time(entry.timestamp), (), 0, 0, entry.score)
+
+    def _search(self, scope: str, vector: Any, k: int) -> list[StoredMemory]:
+        return self.store.search(vector[None, :], scope, None, k)[0]
+
+    def _live(self, scope: str, with_vectors: bool = False) -> list[StoredMemory]:
+        """The scope's live memories, oldest first (by creation time, then id)."""
+        live = (memory for memory in self.store.rows(scope, with_vectors=with_vectors) if not memory.deleted)
+        return sorted(live, key=lambda memory: (memory.created_at, memory.id))
 
     # -- Mem0's calls ---------------------------------------------------------------------------------
     def add(
@@ -162,7 +187,7 @@ class Memory:
         fact: Fact,
         vector: Any,
         op: MemoryOp,
-        candidates: Sequence[ScopedMemory],
+        candidates: Sequence[StoredMemory],
         stamp: str,
         metadata: Mapping[str, Any] | None,
     ) -> dict[str, Any]:
@@ -172,11 +197,11 @@ class Memory:
             reason = f"the Manager's reply did not parse ({op.format_error}); the fact was added as told"
         elif op.kind is OpKind.NOOP:
             equal = next((c for c in candidates if c.id == op.target_id), None)
-            return {"id": equal and equal.id, "memory": equal.text if equal else fact.text, "event": "NONE", "fact": fact.text}
+            return {"id": equal and equal.id, "memory": equal.entry.text if equal else fact.text, "event": "NONE", "fact": fact.text}
         current = None
         if reason is None and op.kind is not OpKind.ADD:
             target = next((c for c in candidates if c.id == op.target_id), None)
-            current = self.store.get(op.target_id) if target is not None else None
+            current = self.store.get(op.target_id, scope) if target is not None else None
             if current is None or current.deleted or current.scope != scope:
                 reason = f"the Manager's {op.kind.value} names {op.target_id!r}, no live memory of this scope; the fact was added as told"
         try:
@@ -186,15 +211,16 @@ class Memory:
         except MemoryBankError as error:  # the Manager's UPDATE text over a memory's limit
             op, reason = add_op(fact), f"the Manager's {op.kind.value} was refused ({error}); the fact was added as told"
         if op.kind is OpKind.ADD:
-            written = ScopedMemory.added(scope, op.text, vector, stamp, metadata)
+            written = added(MemoryOp(OpKind.ADD, op.text, speaker=scope, timestamp=stamp), scope, uuid7(), 0, vector, metadata)
         elif op.kind is OpKind.UPDATE:
-            written = current.updated(op.text, self._embed(op.text), stamp)
+            change = MemoryOp(OpKind.UPDATE, op.text, target_id=current.id, timestamp=stamp)
+            written = updated(current, change, len(current.history), self._embed(op.text))
         else:
-            written = current.removed(stamp)
+            written = deleted(current, len(current.history), stamp)
         self.store.write([written])
-        result = {"id": written.id, "memory": written.text, "event": EVENTS[op.kind], "fact": fact.text}
+        result = {"id": written.id, "memory": written.entry.text, "event": EVENTS[op.kind], "fact": fact.text}
         if op.kind is OpKind.UPDATE:
-            result["previous_memory"] = current.text
+            result["previous_memory"] = current.entry.text
         if reason is not None:
             result["reason"] = reason
         return result
@@ -218,7 +244,7 @@ class Memory:
         if k < 1:
             raise ValueError(f"top_k: must be >= 1, got {k}")
         scope = scope_of(user_id, agent_id, run_id, filters)
-        hits = [m for m in self.store.search(scope, self._embed(query), k) if threshold is None or (m.score or 0.0) >= threshold]
+        hits = [m for m in self._search(scope, self._embed(query), k) if threshold is None or (m.entry.score or 0.0) >= threshold]
         return {"results": [self._item(memory) for memory in hits]}
 
     def get_all(
@@ -234,11 +260,11 @@ class Memory:
         """The scope's live memories, oldest first."""
         scope = scope_of(user_id, agent_id, run_id, filters)
         k = limit if limit is not None else top_k
-        return {"results": [self._item(memory) for memory in self.store.live(scope, k)]}
+        return {"results": [self._item(memory) for memory in self._live(scope)[:k]]}
 
     def get(self, memory_id: str) -> dict[str, Any] | None:
         """The live memory `memory_id`, or None (as Mem0)."""
-        memory = self.store.get(memory_id)
+        memory = self.record(memory_id)
         return self._item(memory) if memory is not None and not memory.deleted else None
 
     def update(
@@ -263,9 +289,10 @@ class Memory:
         with self._lock(memory.scope):
             memory = self._stored(memory_id)
             if new_text is not None:
-                memory = memory.updated(new_text, self._embed(new_text), now())
+                change = MemoryOp(OpKind.UPDATE, new_text, target_id=memory.id, timestamp=now())
+                memory = updated(memory, change, len(memory.history), self._embed(new_text))
             if metadata is not None:
-                memory = memory.with_metadata(metadata)
+                memory = with_metadata(memory, metadata)
             self.store.write([memory])
         return {"message": "Memory updated successfully!"}
 
@@ -273,7 +300,8 @@ class Memory:
         """Soft delete: the memory leaves search and listings; `restore` brings it back."""
         memory = self._stored(memory_id)
         with self._lock(memory.scope):
-            self.store.write([self._stored(memory_id).removed(now())])
+            current = self._stored(memory_id)
+            self.store.write([deleted(current, len(current.history), now())])
         return {"message": "Memory deleted successfully!"}
 
     def restore(self, memory_id: str) -> dict[str, Any]:
@@ -283,7 +311,7 @@ class Memory:
             memory = self._stored(memory_id, live=False)
             if not memory.deleted:
                 raise ValueError(f"restore of {memory_id!r}: the memory is not deleted")
-            memory = memory.restored(now())
+            memory = restored(memory, len(memory.history), now())
             self.store.write([memory])
         return self._item(memory)
 
@@ -291,7 +319,7 @@ class Memory:
         scope = scope_of(user_id, agent_id, run_id)
         with self._lock(scope):
             when = now()
-            self.store.write([memory.removed(when) for memory in self.store.live(scope, with_vector=True)])
+            self.store.write([deleted(memory, len(memory.history), when) for memory in self._live(scope, with_vectors=True)])
         return {"message": "Memories deleted successfully!"}
 
     def history(self, memory_id: str) -> list[dict[str, Any]]:
@@ -325,7 +353,7 @@ class Memory:
         if not isinstance(question, str) or not question.strip():
             raise ValueError("question: expected a non-empty string")
         scope = scope_of(user_id, agent_id, run_id)
-        hits = self.store.search(scope, self._embed(question), self.k)
+        hits = self._search(scope, self._embed(question), self.k)
         entries, shown = [self._entry(memory) for memory in hits], [self._item(memory) for memory in hits]
         speaker = scope.split("&")[0].split("=", 1)[1]  # "user_id=andrew&run_id=3" -> "andrew"
         prompt = self.answer_agent.build_messages(question, {speaker: entries})
@@ -373,12 +401,12 @@ class Memory:
         facts = [fact for turn, reply in zip(users, replies) for fact in self.fact_extractor.parse(reply, turn)]
         return [Fact(f.text, f.speaker, f.dia_ids, 0, stamp) for f in facts]
 
-    def _decide(self, scope: str, fact: Fact, vector: Any) -> tuple[MemoryOp, list[ScopedMemory]]:
+    def _decide(self, scope: str, fact: Fact, vector: Any) -> tuple[MemoryOp, list[StoredMemory]]:
         """The Manager's op for `fact` given the scope's memories most similar to it (`vector`), and
         those candidates (ADD, none, when no Manager is configured)."""
         if self.manager is None:
             return add_op(fact), []
-        candidates = self.store.search(scope, vector, self.num_candidates)
+        candidates = self._search(scope, vector, self.num_candidates)
         entries = [self._entry(memory) for memory in candidates]
         reply = self.manager.complete([self.manager_agent.build_messages(fact, entries)], 128)[0]
         return self.manager_agent.parse(reply, fact, entries), candidates

@@ -1,9 +1,14 @@
-"""Who a memory belongs to: Mem0's user / agent / run ids as one scope string (the store's partition
-key), and the names the service reports operations by."""
+"""Who a memory belongs to and what it is called: Mem0's user / agent / run ids as one scope string (the
+store's partition key), the ids the service gives its memories, its times, and the names it reports
+operations by."""
 
 from __future__ import annotations
 
 import math
+import os
+import re
+import time
+import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -13,10 +18,30 @@ from memr1.types import OpKind
 
 SCOPE_KEYS = ("user_id", "agent_id", "run_id")
 EVENTS = {OpKind.ADD: "ADD", OpKind.UPDATE: "UPDATE", OpKind.DELETE: "DELETE"}
+# The service's collection of the store: beside the training banks' (memr1.memory.stores), never mixed
+# with them (`Memory.reset` clears it whole).
+SERVICE_COLLECTION = "memr1_service"
+_UUID7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+# Ids of memories written by the per-scope layout (before the shared collection), kept by its migration.
+_LEGACY_ID = re.compile(r"scope_[0-9a-f]{24}\.m[0-9]+")
 
 
 class MemoryNotFound(LookupError):
     """No memory has this id (HTTP 404)."""
+
+
+def uuid7() -> str:
+    """A version-7 UUID (RFC 9562): Unix milliseconds, then random bits; sorts by creation time. Drawn
+    by whichever process writes: two replicas never give the same id."""
+    millis = time.time_ns() // 1_000_000
+    random = int.from_bytes(os.urandom(10), "big")  # 80 bits, 74 used
+    value = (millis & (1 << 48) - 1) << 80 | 0x7 << 76 | (random >> 68) << 64 | 0b10 << 62 | random & (1 << 62) - 1
+    return str(uuid.UUID(int=value))
+
+
+def is_memory_id(memory_id: str) -> bool:
+    """Whether `memory_id` has the shape of an id the service gives (or kept from the old layout)."""
+    return isinstance(memory_id, str) and bool(_UUID7.fullmatch(memory_id) or _LEGACY_ID.fullmatch(memory_id))
 
 
 def now() -> str:
