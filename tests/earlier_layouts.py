@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -37,26 +38,11 @@ def _bank_row(memory: StoredMemory) -> dict:
 
 def write_milvus_bank_collection(uri: str, name: str, memories: Sequence[StoredMemory], dim: int) -> None:
     """A bank as memr1 kept it before scopes: its own collection, the memory id the primary key."""
-    from pymilvus import DataType, MilvusClient
-
-    client = MilvusClient(uri=uri)
-    schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
-    schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=128)
-    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
-    for field in ("text", "speaker", "timestamp"):
-        schema.add_field(field, DataType.VARCHAR, max_length=1024)
-    schema.add_field("provenance", DataType.JSON)
-    schema.add_field("created_step", DataType.INT64)
-    schema.add_field("updated_step", DataType.INT64)
-    schema.add_field("deleted", DataType.BOOL)
-    schema.add_field("history", DataType.JSON)
-    index = client.prepare_index_params()
-    index.add_index("vector", index_type="FLAT", metric_type="IP")
-    client.create_collection(name, schema=schema, index_params=index, consistency_level="Strong")
-    client.insert(name, [_bank_row(memory) for memory in memories])
-    client.flush(name)
-    client.close()
-    _release_lite(uri)
+    fields = [("id", "VARCHAR", {"is_primary": True, "max_length": 128}), ("vector", "FLOAT_VECTOR", {"dim": dim}),
+              *[(name, "VARCHAR", {"max_length": 1024}) for name in ("text", "speaker", "timestamp")],
+              ("provenance", "JSON", {}), ("created_step", "INT64", {}), ("updated_step", "INT64", {}),
+              ("deleted", "BOOL", {}), ("history", "JSON", {})]
+    _create_and_fill(uri, name, fields, [_bank_row(memory) for memory in memories])
 
 
 def write_qdrant_bank_collection(path: str, name: str, memories: Sequence[StoredMemory], dim: int) -> None:
@@ -77,24 +63,12 @@ def write_qdrant_bank_collection(path: str, name: str, memories: Sequence[Stored
 
 def write_shared_service_collection(uri: str, memories: Sequence[StoredMemory], dim: int) -> None:
     """The service's shared collection before it held the banks' records (`memr1_memories`)."""
-    from pymilvus import DataType, MilvusClient
-
-    client = MilvusClient(uri=uri)
-    schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
-    schema.add_field("row", DataType.VARCHAR, is_primary=True, max_length=96)
-    schema.add_field("id", DataType.VARCHAR, max_length=64)
-    schema.add_field("revision", DataType.INT64)
-    schema.add_field("scope", DataType.VARCHAR, max_length=1024, is_partition_key=True)
-    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
-    for field in ("text", "created_at", "updated_at"):
-        schema.add_field(field, DataType.VARCHAR, max_length=1024)
-    schema.add_field("deleted", DataType.BOOL)
-    schema.add_field("history", DataType.JSON)
-    schema.add_field("metadata", DataType.JSON)
-    index = client.prepare_index_params()
-    index.add_index("vector", index_type="FLAT", metric_type="IP")
-    client.create_collection("memr1_memories", schema=schema, index_params=index, consistency_level="Strong")
-    client.insert("memr1_memories", [
+    fields = [("row", "VARCHAR", {"is_primary": True, "max_length": 96}), ("id", "VARCHAR", {"max_length": 64}),
+              ("revision", "INT64", {}), ("scope", "VARCHAR", {"max_length": 1024, "is_partition_key": True}),
+              ("vector", "FLOAT_VECTOR", {"dim": dim}),
+              *[(name, "VARCHAR", {"max_length": 1024}) for name in ("text", "created_at", "updated_at")],
+              ("deleted", "BOOL", {}), ("history", "JSON", {}), ("metadata", "JSON", {})]
+    _create_and_fill(uri, "memr1_memories", fields, [
         {
             "row": f"{memory.id}/{memory.revision}", "id": memory.id, "revision": memory.revision, "scope": memory.scope,
             "vector": memory.vector.tolist(), "text": memory.entry.text, "created_at": memory.created_at,
@@ -104,13 +78,24 @@ def write_shared_service_collection(uri: str, memories: Sequence[StoredMemory], 
         }
         for memory in memories
     ])
-    client.flush("memr1_memories")
+
+
+def _create_and_fill(uri: str, name: str, fields: list[tuple[str, str, dict[str, Any]]], rows: list[dict]) -> None:
+    """Create `name` with `fields` (name, DataType name, options) and exact inner-product search, as
+    memr1 made it, insert `rows`, then let go of the file: stop this process's Milvus Lite server of
+    `uri`, so that memr1 opens it afresh."""
+    from pymilvus import DataType, MilvusClient
+
+    client = MilvusClient(uri=uri)
+    schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+    for field, kind, options in fields:
+        schema.add_field(field, DataType[kind], **options)
+    index = client.prepare_index_params()
+    index.add_index("vector", index_type="FLAT", metric_type="IP")
+    client.create_collection(name, schema=schema, index_params=index, consistency_level="Strong")
+    client.insert(name, rows)
+    client.flush(name)
     client.close()
-    _release_lite(uri)
-
-
-def _release_lite(uri: str) -> None:
-    """Stop this process's Milvus Lite server of `uri`, so that memr1 opens the file afresh."""
     if uri.endswith(".db"):
         from milvus_lite.server_manager import server_manager_instance
 
