@@ -6,6 +6,10 @@ name an earlier stage's directory as `{stage-name}` (e.g. `answer.ckpt={answer-s
 schedule's root as `{root}`. The paper's alternating schedule is `memr1/conf/pipeline/alternating.yaml`;
 `make train` runs `memr1/conf/pipeline/demo.yaml`.
 
+Each stage is composed once, by the schedule, right before it runs: its config (the Hydra composition
+of its script's YAML with its overrides) is written to `<root>/<stage>/stage.yaml` and the stage's app
+runs from that file (`--config-dir <root>/<stage> --config-name stage`), composing nothing itself.
+
 Resuming: a stage that finished has a `STAGE_DONE` file and is skipped; a training stage that was
 stopped (SIGTERM is passed on to it, Ctrl-C reaches it from the terminal; it checkpoints) or killed resumes from its newest
 checkpoint (`ckpt_path=last`); an evaluation stage keeps the answers it wrote (to its last whole batch)
@@ -36,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from memr1.apps import CONFIG_DIR
 from memr1.pipeline.report_file import REPORT_FILE
@@ -48,6 +52,7 @@ SCHEDULES = CONFIG_DIR / "pipeline"
 #: A stage's `script` (the paper's command it runs) and the app that is that command.
 APPS = {"train.py": "memr1.apps.train", "evaluate.py": "memr1.apps.evaluate"}
 SCRIPTS = tuple(APPS)
+STAGE_CONFIG = "stage"  # <root>/<stage>/stage.yaml: the stage's config, composed by the schedule
 
 log = logging.getLogger("memr1.pipeline")
 
@@ -56,7 +61,8 @@ log = logging.getLogger("memr1.pipeline")
 class Stage:
     name: str
     script: str
-    args: tuple[str, ...]
+    shared: tuple[str, ...]  # the schedule's overrides for every stage of this script
+    own: tuple[str, ...]  # the stage's own
     report: str | None = None
     versus: str | None = None  # an earlier row's label: the row it was trained from, set against it too
 
@@ -74,9 +80,8 @@ def load_schedule(
 ) -> Schedule:
     """The schedule `memr1/conf/pipeline/<name>.yaml` (or a YAML path), with its run root and archive folder
     (`root`, `archive`: the file's unless given); `overrides` are added to every stage
-    of the script they are written for (`train.py:KEY=VALUE`, `evaluate.py:KEY=VALUE`) or of both, and an
-    `algo.KEY` one only to the training stages whose algorithm reads it (GRPO's group size is not the
-    SFT stage's: train.py refuses a setting its algorithm would ignore)."""
+    of the script they are written for (`train.py:KEY=VALUE`, `evaluate.py:KEY=VALUE`) or of both (an
+    `algo.KEY` one reaches only the training stages whose algorithm reads it: `resolve_stage`)."""
     path = Path(name_or_path)
     if not path.suffix:
         path = SCHEDULES / f"{name_or_path}.yaml"
@@ -98,15 +103,12 @@ def load_schedule(
             raise ValueError(f"{where}: a stage needs a name and a script ({' or '.join(SCRIPTS)})")
         if any(stage["name"] == earlier.name for earlier in stages):
             raise ValueError(f"{where}: the stage name {stage['name']!r} is used twice")
-        own = [str(arg) for arg in stage.get("args", [])]
-        shared = common[stage["script"]]
-        if stage["script"] == "train.py":
-            shared = read_by_algorithm(shared, own)
-        args = tuple([*shared, *own])
+        own = tuple(str(arg) for arg in stage.get("args", []))
+        shared = tuple(common[stage["script"]])
         versus = stage.get("versus")
         if versus is not None and versus not in [earlier.report for earlier in stages if earlier.report]:
             raise ValueError(f"{where}: versus: {versus!r} is not the report label of an earlier stage")
-        stages.append(Stage(stage["name"], stage["script"], args, stage.get("report"), versus))
+        stages.append(Stage(stage["name"], stage["script"], shared, own, stage.get("report"), versus))
     archive = archive or spec.get("archive")
     return Schedule(
         path.stem, Path(root or spec.get("root") or f"runs/pipeline/{path.stem}"), tuple(stages),
@@ -114,46 +116,73 @@ def load_schedule(
     )
 
 
-def read_by_algorithm(shared: Sequence[str], own: Sequence[str]) -> list[str]:
-    """The `shared` overrides of a training stage less the `algo.KEY` ones that the stage's algorithm
-    (chosen by its `own` `algo=` or `experiment=` arguments) does not read."""
-    from hydra import compose, initialize_config_dir
+def resolve_stage(schedule: Schedule, stage: Stage) -> tuple[list[str], DictConfig]:
+    """The stage's overrides as its command line would give them and its config composed from them.
 
+    The overrides: `{root}` / `{stage}` placeholders filled in, the stage's directory (train.py's
+    `run_dir`, evaluate.py's `hydra.run.dir`), `ckpt_path=last` for a training stage with a checkpoint
+    to resume from, and of the schedule's shared `algo.KEY` overrides only those the stage's algorithm
+    reads (GRPO's group size is not the SFT stage's). The stage's own `algo.KEY` that its algorithm
+    would ignore is refused (`ConfigError`), as train.py refuses it on a command line. One composition;
+    a second only when a shared `algo.KEY` had to be left out."""
+    from memr1.preflight import check_no_ignored_overrides
     from memr1.rl.algorithms import ALGORITHMS
 
-    choosing = [arg for arg in [*shared, *own] if arg.split("=", 1)[0].lstrip("+~") in ("algo", "experiment")]
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        algorithm = ALGORITHMS[compose("train", overrides=choosing).algo.name]
-    kept = []
-    for arg in shared:
-        key = arg.split("=", 1)[0].lstrip("+~")
-        if key.startswith("algo.") and key.removeprefix("algo.").split(".", 1)[0] in algorithm.ignores:
-            continue
-        kept.append(arg)
-    return kept
-
-
-def stage_arguments(schedule: Schedule, stage: Stage) -> list[str]:
-    """The stage's overrides, with `{root}` and `{stage}` placeholders filled in, its directory, and
-    `ckpt_path=last` for a training stage that has a checkpoint to resume from."""
     places = {"root": str(schedule.root), **{s.name: str(schedule.root / s.name) for s in schedule.stages}}
     try:
-        args = [arg.format(**places) for arg in stage.args]
+        shared, own = ([arg.format(**places) for arg in args] for args in (stage.shared, stage.own))
     except KeyError as missing:
         raise ValueError(f"pipeline {schedule.name}: stage {stage.name}: {missing} names no stage") from None
     directory = schedule.root / stage.name
     if stage.script == "train.py":
-        args.append(f"run_dir={directory}")
+        own.append(f"run_dir={directory}")
         if any((directory / "checkpoints").glob("*.ckpt")):
-            args.append("ckpt_path=last")
+            own.append("ckpt_path=last")
     else:
-        args.append(f"hydra.run.dir={directory}")
-    return args
+        own.append(f"hydra.run.dir={directory}")
+    config = compose_config(stage.script, [*shared, *own])
+    if stage.script == "train.py":
+        algorithm = ALGORITHMS[config.algo.name]
+        check_no_ignored_overrides(algorithm, own)
+        read = [arg for arg in shared if not _algo_field(arg) in algorithm.ignores]
+        if len(read) < len(shared):
+            shared, config = read, compose_config(stage.script, [*read, *own])
+    return [*shared, *own], config
 
 
-def stage_command(schedule: Schedule, stage: Stage) -> list[str]:
-    """The stage's command line: its app in a fresh interpreter, with `stage_arguments`."""
-    return [sys.executable, "-m", APPS[stage.script], *stage_arguments(schedule, stage)]
+def _algo_field(override: str) -> str | None:
+    key = override.split("=", 1)[0].lstrip("+~")
+    return key.removeprefix("algo.").split(".", 1)[0] if key.startswith("algo.") else None
+
+
+def compose_config(script: str, overrides: Sequence[str]) -> DictConfig:
+    """`script`'s config (memr1/conf/train.yaml or evaluate.yaml) composed with `overrides`, with the
+    two settings of Hydra's own node that memr1's YAML sets (`hydra.run.dir`, `hydra.job.chdir`) and
+    every interpolation left for the stage to resolve (`${now:...}` is its start time)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        composed = compose(script.removesuffix(".py"), overrides=list(overrides), return_hydra_config=True)
+    everything = OmegaConf.to_container(composed, resolve=False)
+    hydra_node = everything.pop("hydra")
+    everything["hydra"] = {"run": {"dir": hydra_node["run"]["dir"]}, "job": {"chdir": hydra_node["job"]["chdir"]}}
+    return OmegaConf.create(everything)
+
+
+def stage_arguments(schedule: Schedule, stage: Stage) -> list[str]:
+    """The stage's overrides as a command line would give them (`resolve_stage`)."""
+    return resolve_stage(schedule, stage)[0]
+
+
+def prepare_stage(schedule: Schedule, stage: Stage) -> tuple[list[str], list[str]]:
+    """Compose the stage and write its config to `<root>/<stage>/stage.yaml`; its overrides
+    (`resolve_stage`) and its command line: its app in a fresh interpreter, reading that file."""
+    args, config = resolve_stage(schedule, stage)
+    directory = schedule.root / stage.name
+    directory.mkdir(parents=True, exist_ok=True)
+    header = f"# memr1 pipeline {schedule.name}, stage {stage.name}: composed from\n#   python {stage.script} {' '.join(args)}\n"
+    (directory / f"{STAGE_CONFIG}.yaml").write_text(header + OmegaConf.to_yaml(config))
+    return args, [sys.executable, "-m", APPS[stage.script], "--config-dir", str(directory.resolve()), "--config-name", STAGE_CONFIG]
 
 
 def run_schedule(schedule: Schedule) -> int:
@@ -177,8 +206,12 @@ def run_schedule(schedule: Schedule) -> int:
                 log.info("%s: restored from %s, skipped", position, schedule.archive)
                 continue
             log.info("%s: its checkpoint restored from %s", position, schedule.archive)
-        command = stage_command(schedule, stage)
-        log.info("%s: %s", position, " ".join(["python", *command[1:]]))
+        try:
+            args, command = prepare_stage(schedule, stage)
+        except Exception as error:  # noqa: BLE001 - a stage whose overrides do not compose fails by name, as its run would
+            log.error("stage %s: its config does not compose: %s", stage.name, error)
+            return 2
+        log.info("%s: python %s %s (composed into %s)", position, stage.script, " ".join(args), directory / f"{STAGE_CONFIG}.yaml")
         stage_started = time.perf_counter()
         # The commit the stage's process starts from: the tree may move on while it runs.
         started_from = code_version()
@@ -255,7 +288,7 @@ def referenced_exports(schedule: Schedule) -> dict[str, list[str]]:
     """Per stage, the exports under it that some stage's arguments name (`{answer-sft}/policy/last`)."""
     named: dict[str, set[str]] = {stage.name: set() for stage in schedule.stages}
     for stage in schedule.stages:
-        for arg in stage.args:
+        for arg in (*stage.shared, *stage.own):
             for name, export in re.findall(r"\{([^{}]+)\}/(policy/\w+)", arg):
                 if name in named:
                     named[name].add(export)

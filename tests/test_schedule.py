@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from memr1.apps import CONFIG_DIR
 from memr1.llm.loading import load_tokenizer
 from memr1.llm.testing import save_tiny_checkpoint
-from memr1.preflight import EVALUATE_GROUPS, TRAIN_GROUPS, check_typed_groups
+from memr1.preflight import EVALUATE_GROUPS, TRAIN_GROUPS, ConfigError, check_typed_groups
 from memr1.provenance import code_version
 from memr1.pipeline.report_file import EvalReport
-from memr1.schedule import DONE, keep_progress, load_schedule, report_table, stage_arguments, stage_command
+from memr1.schedule import DONE, STAGE_CONFIG, compose_config, keep_progress, load_schedule, prepare_stage, report_table, stage_arguments
 from memr1.stage_archive import UNFINISHED
 from tests.processes import ROOT, environment, wait_for_line
 
@@ -54,23 +55,52 @@ def test_schedule_errors_name_the_file_and_stage(tmp_path):
         load_schedule(str(path))
     path.write_text("stages:\n  - {name: a, script: train.py, args: ['answer.ckpt={sft}/policy/best']}\n")
     with pytest.raises(ValueError, match="stage a: 'sft' names no stage"):
-        stage_command(load_schedule(str(path)), load_schedule(str(path)).stages[0])
+        stage_arguments(load_schedule(str(path)), load_schedule(str(path)).stages[0])
 
 
-def test_stage_commands_fill_in_directories_and_route_overrides(tmp_path):
+def test_stage_arguments_fill_in_directories_and_route_overrides(tmp_path):
     schedule = load_schedule("alternating", root=str(tmp_path), overrides=["seed=3", "train.py:lora.enabled=true", "evaluate.py:split=test"])
     grpo = next(s for s in schedule.stages if s.name == "manager-grpo")
-    command = stage_command(schedule, grpo)
-    assert command[1:3] == ["-m", "memr1.apps.train"]
-    assert f"manager.ckpt={tmp_path}/manager-sft/policy/best" in command
-    assert {"seed=3", "lora.enabled=true", f"run_dir={tmp_path}/manager-grpo"} <= set(command)
-    assert "split=test" not in command and "ckpt_path=last" not in command
+    args = stage_arguments(schedule, grpo)
+    assert f"manager.ckpt={tmp_path}/manager-sft/policy/best" in args
+    assert {"seed=3", "lora.enabled=true", f"run_dir={tmp_path}/manager-grpo"} <= set(args)
+    assert "split=test" not in args and "ckpt_path=last" not in args
     (tmp_path / "manager-grpo" / "checkpoints").mkdir(parents=True)
     (tmp_path / "manager-grpo" / "checkpoints" / "step=1.ckpt").write_bytes(b"x")
-    assert stage_command(schedule, grpo)[-1] == "ckpt_path=last"  # a stopped stage resumes
-    evaluation = stage_command(schedule, schedule.stages[-1])
+    assert stage_arguments(schedule, grpo)[-1] == "ckpt_path=last"  # a stopped stage resumes
+    evaluation = stage_arguments(schedule, schedule.stages[-1])
     assert {"seed=3", "split=test", f"hydra.run.dir={tmp_path}/evaluate"} <= set(evaluation)
     assert "lora.enabled=true" not in evaluation
+
+
+def test_a_shared_algo_setting_reaches_only_the_stages_whose_algorithm_reads_it_and_an_own_one_is_refused(tmp_path):
+    schedule = load_schedule("alternating", root=str(tmp_path), overrides=["train.py:algo.group_size=4"])
+    sft = next(s for s in schedule.stages if s.name == "manager-sft")
+    grpo = next(s for s in schedule.stages if s.name == "manager-grpo")
+    assert "algo.group_size=4" not in stage_arguments(schedule, sft)  # SFT samples no group
+    assert "algo.group_size=4" in stage_arguments(schedule, grpo)
+    path = tmp_path / "own.yaml"
+    path.write_text("stages:\n  - {name: sft, script: train.py, args: [algo=sft, algo.group_size=4]}\n")
+    with pytest.raises(ConfigError, match="algo.group_size=4: algo=sft does not use algo.group_size"):
+        stage_arguments(load_schedule(str(path), root=str(tmp_path)), load_schedule(str(path)).stages[0])
+
+
+def test_a_stage_runs_from_the_config_the_schedule_composed_once(tmp_path):
+    """The stage's app reads `<stage>/stage.yaml` and composes nothing of its own: the file holds what
+    its overrides compose to, interpolations unresolved (`${now:...}` is the stage's start time)."""
+    schedule = load_schedule("alternating", root=str(tmp_path), overrides=["seed=3"])
+    grpo = next(s for s in schedule.stages if s.name == "manager-grpo")
+    args, command = prepare_stage(schedule, grpo)
+    directory = (tmp_path / "manager-grpo").resolve()
+    assert command[1:] == ["-m", "memr1.apps.train", "--config-dir", str(directory), "--config-name", STAGE_CONFIG]
+    written = OmegaConf.load(directory / f"{STAGE_CONFIG}.yaml")
+    assert written == compose_config("train.py", args)
+    assert written.seed == 3 and written.run_dir == f"{tmp_path}/manager-grpo" and OmegaConf.to_container(written.hydra)["run"]["dir"] == "${run_dir}"
+    # Hydra, as the stage's app runs it, composes the file to the same config.
+    with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
+        assert OmegaConf.to_container(compose(STAGE_CONFIG), resolve=False) == OmegaConf.to_container(
+            OmegaConf.masked_copy(written, [key for key in written if key != "hydra"]), resolve=False
+        )
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONFIG_DIR / "pipeline").glob("*.yaml")))
