@@ -2,8 +2,9 @@
 
 The store (Milvus, Qdrant, or ":memory:"; `memr1.memory.stores`) is the store of record; a filtered
 top-30 search in Milvus costs ~35 ms at 20k rows, a numpy scan 2-3 ms. So every bank keeps its live
-memories in a `VectorIndex`, updated together with each write, and search never leaves the process. `fork()` gives rollouts a copy-on-write view: G candidate
-operations can each be applied to their own fork without touching Milvus or the bank.
+memories in a `VectorIndex`, updated together with each write, and search never leaves the process.
+`fork()` gives rollouts a copy-on-write view: G candidate operations can each be applied to their own
+fork without touching the store or the bank.
 
 Ids: a bank names a memory `m<step>`, the bank step at which it was created (steps count writes:
 ADD, UPDATE, DELETE, restore, each add of `add_many`); a fork names its memories `f<n>.m<step>`, `n`
