@@ -1,4 +1,5 @@
-"""Memory banks on Milvus: the store of record, an in-process index for search, copy-on-write forks."""
+"""Memory: one store of scoped records (Milvus, Qdrant, in memory), banks over it searched through an
+in-process index, copy-on-write forks."""
 
 from memr1.memory.bank import BankFork, MemoryBank, MemoryView
 from memr1.memory.errors import (
