@@ -141,7 +141,7 @@ def run_memr1(args: argparse.Namespace, dumped: dict[str, Any]) -> dict[str, Any
             return row["prompt"]
 
         def score(self, rows: list[dict[str, Any]], responses: list[str]) -> list[Reward]:
-            return [Reward(f1_reward(text, row["gold"]), None, {}) for row, text in zip(rows, responses)]
+            return [Reward.of(f1_reward(text, row["gold"])) for row, text in zip(rows, responses)]
 
     module.env = DumpedPrompts(module.env.agent)
     module.engine.eos_token_ids = frozenset(dumped["eos_token_ids"])

@@ -159,7 +159,7 @@ def measure_one(config: StepConfig) -> dict[str, Any]:
         torch.rand(config.rows, generator=generator).tolist(),
         module.tokenizer.pad_token_id,
     )
-    rewards = [Reward(score, None) for score in batch.scores.tolist()]
+    rewards = [Reward.of(score) for score in batch.scores.tolist()]
     if config.old_logprobs == "rollout":
         # What the HF engine returns with its samples (equal to a forward pass within 1e-4). In bf16 the
         # module recomputes pi_old's log-probs itself (the sampler's round differently), as here.

@@ -99,7 +99,7 @@ class FixedRollout(GradientProbe, RLModule):
         prompts, responses = zip(*[self.rows[i] for i in states])
         batch = pack_rollouts(prompts, responses, [SCORES[i] for i in states], self.tokenizer.pad_token_id,
                               logprobs=[self.old[i] for i in states])
-        return batch, [Reward(SCORES[i], None) for i in states]
+        return batch, [Reward.of(SCORES[i]) for i in states]
 
 
 class FixedTargets(GradientProbe, SupervisedStep):

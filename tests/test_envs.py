@@ -16,6 +16,7 @@ import pytest
 from memr1.agents import AnswerAgent, ManagerAgent
 from memr1.embed import Embedder
 from memr1.envs import (
+    CREDIT_TERMS,
     MANAGER_FORMAT_PENALTY,
     REJECTED_OP,
     AnswerEnv,
@@ -25,6 +26,7 @@ from memr1.envs import (
     Reward,
     answer_reward,
     answer_rewards,
+    reward_weights,
 )
 from memr1.llm.engines import Generation, HFEngine, Prompt
 from memr1.llm.loading import load_tokenizer
@@ -230,7 +232,12 @@ def test_counterfactual_credit_scores_each_operation_against_the_same_state_unde
     # Under NOOP the reader answers "Buddy" (EM 0) and "two cats" (EM 1): the NOOP score is 0.5. The
     # outcome scores are 1.0, 0.5 - 0.1, 0.5, 0.5 (see the test above); each minus 0.5:
     assert [r.score for r in rewards] == pytest.approx([0.5, -0.1, 0.0, 0.0])
-    assert {r.info["noop_score"] for r in rewards} == {0.5}
+    assert {r.terms["noop"] for r in rewards} == {0.5}
+    # The terms, weighed in one place: the answers' score, minus the NOOP score, plus the penalty.
+    assert rewards[1].terms == {"answer": 0.5, "noop": 0.5, "malformed": 1.0}
+    assert rewards[1].weights == reward_weights(-0.1, "counterfactual") == {"answer": 1.0, "noop": -1.0, "malformed": -0.1}
+    # What validation compares runs of either credit on: the outcome, the credit's term left out.
+    assert [r.score_without(*CREDIT_TERMS) for r in rewards] == pytest.approx([1.0, 0.4, 0.5, 0.5])
     # The NOOP baseline is the malformed response's own prompts: no extra answer was generated.
     assert len(reader.calls) == 1 and len(reader.calls[0]) == 2 * len(responses)
     # Cached per state: scoring the same state again asks only for the new response's answers.
@@ -293,3 +300,16 @@ def test_manager_env_and_state_reject_bad_configuration(bank: MemoryBank) -> Non
         ManagerEnv(ManagerAgent(), AnswerAgent(), MemoryReader(), GREEDY, k_per_speaker=0)
     with pytest.raises(ValueError, match="needs judge="):
         ManagerEnv(ManagerAgent(), AnswerAgent(), MemoryReader(), GREEDY, k_per_speaker=5, reward="judge")
+
+
+def test_a_reward_is_the_weighted_sum_of_its_terms_in_order() -> None:
+    reward = Reward({"answer": 0.75, "malformed": 1.0}, {"answer": 1.0, "malformed": -0.25})
+    assert reward.score == 0.5 and reward.score_without("malformed") == 0.75
+    shaped = reward.with_term("overlong", -0.2, 1.0)
+    assert shaped.score == pytest.approx(0.3) and list(shaped.terms) == ["answer", "malformed", "overlong"]
+    assert Reward({"answer": 1.0, "judge": 1.0}, {"answer": 1.0}).score == 1.0  # a term without a weight counts 0
+    assert Reward.of(0.25).score == 0.25 and Reward.of(0.25).terms == {"answer": 0.25}
+    with pytest.raises(ValueError, match="reward term 'overlong' is set already"):
+        shaped.with_term("overlong", -0.1, 1.0)
+    with pytest.raises(ValueError, match="format_penalty: must be <= 0"):
+        reward_weights(0.1)

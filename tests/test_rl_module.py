@@ -45,7 +45,7 @@ class FirstOfGroupEnv:
         return [{"role": "user", "content": state}]
 
     def score(self, states: Sequence[str], responses: Sequence[str]) -> list[Reward]:
-        return [Reward(1.0 if row % self.group_size == 0 else 0.0, None) for row in range(len(responses))]
+        return [Reward.of(1.0 if row % self.group_size == 0 else 0.0) for row in range(len(responses))]
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +212,7 @@ class LengthEnv(FirstOfGroupEnv):
     """Rewards a response by its length in characters / 100: a reward that depends on what was sampled."""
 
     def score(self, states: Sequence[str], responses: Sequence[str]) -> list[Reward]:
-        return [Reward(len(text) / 100, None) for text in responses]
+        return [Reward.of(len(text) / 100) for text in responses]
 
 
 def test_the_probe_reward_scores_fixed_states_with_a_fixed_seed(tokenizer):
@@ -246,7 +246,7 @@ class ZeroEnv(FirstOfGroupEnv):
     """Every response earns 0: only a KL in the reward can tell them apart."""
 
     def score(self, states: Sequence[str], responses: Sequence[str]) -> list[Reward]:
-        return [Reward(0.0, None) for _ in responses]
+        return [Reward.of(0.0) for _ in responses]
 
 
 def test_a_kl_in_the_reward_is_what_the_advantages_see_and_leaves_the_loss(tokenizer):

@@ -38,7 +38,7 @@ class SpreadEnv:
 
     def score(self, states: Sequence[str], responses: Sequence[str]) -> list[Reward]:
         return [
-            Reward(0.5 if state.startswith("flat") else float(row % self.group_size == 0), None)
+            Reward.of(0.5 if state.startswith("flat") else float(row % self.group_size == 0))
             for row, state in enumerate(states)
         ]
 

@@ -120,7 +120,7 @@ class ConstantEnv:
         return [{"role": "user", "content": state}]
 
     def score(self, states, responses) -> list[Reward]:
-        return [Reward(0.0, None) for _ in responses]
+        return [Reward.of(0.0) for _ in responses]
 
 
 def test_entropy_keeps_no_graph_unless_the_loss_uses_it(tokenizer):

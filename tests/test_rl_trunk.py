@@ -113,7 +113,7 @@ class FirstOfGroupEnv:
         return [{"role": "user", "content": state}]
 
     def score(self, states, responses) -> list[Reward]:
-        return [Reward(1.0 if row % 3 == 0 else 0.0, None) for row in range(len(responses))]
+        return [Reward.of(1.0 if row % 3 == 0 else 0.0) for row in range(len(responses))]
 
 
 def train_one_step(tokenizer, reuse: bool, separate_engine: bool) -> tuple[dict[str, torch.Tensor], dict, list[int]]:

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memr1.agents.answer import AnswerAgent
-from memr1.envs.base import Reward, check_aligned, check_format_penalty
-from memr1.envs.rewards import answer_reward, answer_rewards, check_reward
+from memr1.envs.base import Reward, check_aligned
+from memr1.envs.rewards import answer_reward, answer_rewards, check_reward, reward_weights
 from memr1.metrics.judge import Judge
 from memr1.types import MemoryEntry, Question
 
@@ -32,10 +32,9 @@ class AnswerEnv:
         self, agent: AnswerAgent, reward: str = "em", format_penalty: float = 0.0, judge: Judge | None = None
     ) -> None:
         check_reward(reward, judge)
-        check_format_penalty(format_penalty)
+        self.weights = reward_weights(format_penalty)
         self.agent = agent
         self.reward = reward
-        self.format_penalty = format_penalty
         self.judge = judge
 
     def prompt(self, state: AnswerState) -> list[dict[str, str]]:
@@ -49,7 +48,6 @@ class AnswerEnv:
         scores = answer_rewards([state.question.question for state in states], answers, golds, self.reward, self.judge)
         rewards = []
         for parse, gold, score in zip(parses, golds, scores):
-            penalty = self.format_penalty if parse.format_error is not None else 0.0
             info: dict[str, float | str] = {
                 "em": answer_reward(parse.answer, gold, "em"),
                 "f1": answer_reward(parse.answer, gold, "f1"),
@@ -58,5 +56,6 @@ class AnswerEnv:
             }
             if self.reward == "judge":
                 info["judge"] = score
-            rewards.append(Reward(score + penalty, parse.format_error, info))
+            terms = {"answer": score, "malformed": float(parse.format_error is not None)}
+            rewards.append(Reward(terms, self.weights, parse.format_error, info))
         return rewards

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from memr1.agents.answer import AnswerAgent
 from memr1.agents.manager import ManagerAgent
-from memr1.envs.base import Reward, check_aligned, check_format_penalty
-from memr1.envs.rewards import answer_reward, answer_rewards, check_reward
+from memr1.envs.base import Reward, check_aligned
+from memr1.envs.rewards import answer_reward, answer_rewards, check_reward, reward_weights
 from memr1.llm.engines import GenerationEngine, Prompt
 from memr1.llm.sampling import SamplingConfig
 from memr1.memory import BankFork, InvalidOpError, MemoryView
@@ -31,7 +31,6 @@ from memr1.types import Fact, MemoryEntry, OpKind, Question
 REJECTED_OP = "rejected_op"
 # Default penalty for a malformed or rejected operation, see ManagerEnv.
 MANAGER_FORMAT_PENALTY = -0.1
-CREDITS = ("outcome", "counterfactual")
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,9 +82,10 @@ class ManagerEnv:
         GRPO group whose answers all score alike (the bank already answers the question, or nothing
         could) every advantage is zero: the penalty is then the only signal towards well-formed JSON. At
         a tenth of one correct answer it never outweighs answering right.
-    credit: "outcome" (the paper: the answers' score) or "counterfactual" (minus the state's NOOP score).
-        A constant per state, the NOOP score cancels in GRPO's group-normalised advantage: pair it with
-        `algo=reinforce`, where it is the baseline.
+    credit: "outcome" (the paper: the answers' score) or "counterfactual" (minus the state's NOOP score,
+        the reward's term "noop": `memr1.envs.rewards.reward_weights`). A constant per state, the NOOP
+        score cancels in GRPO's group-normalised advantage: pair it with `algo=reinforce`, where it is
+        the baseline. The environment measures the NOOP score only when the credit weighs it.
     """
 
     def __init__(
@@ -101,9 +101,7 @@ class ManagerEnv:
         credit: str = "outcome",
     ) -> None:
         check_reward(reward, judge)
-        check_format_penalty(format_penalty)
-        if credit not in CREDITS:
-            raise ValueError(f"credit: {credit!r} is not one of {CREDITS}")
+        self.weights = reward_weights(format_penalty, credit)
         if k_per_speaker < 1:
             raise ValueError(f"k_per_speaker: must be >= 1, got {k_per_speaker}")
         if answer_sampling.n != 1:
@@ -136,7 +134,7 @@ class ManagerEnv:
         applied = [self._apply(state, response) for state, response in zip(states, responses)]
         # The states whose NOOP score is not known yet are answered in the same call, on unchanged forks.
         baselines: dict[tuple, ManagerState] = {}
-        if self.credit == "counterfactual":
+        if "noop" in self.weights:
             for state in states:
                 key = _state_key(state)
                 if key not in self._noop_scores:
@@ -167,7 +165,6 @@ class ManagerEnv:
             self._noop_scores.update(noop)
         rewards = []
         for state, outcome, own, mean_score in zip(states, applied, rows, means):
-            penalty = self.format_penalty if outcome.format_error is not None else 0.0
             info: dict[str, float | str] = {
                 "op": outcome.kind.value,
                 "em": sum(answer_reward(answers[row], golds[row], "em") for row in own) / len(own),
@@ -177,12 +174,12 @@ class ManagerEnv:
             }
             if self.reward == "judge":
                 info["judge"] = mean_score
-            credited = mean_score
-            if self.credit == "counterfactual":
+            terms = {"answer": mean_score}
+            if "noop" in self.weights:
                 key = _state_key(state)
-                info["noop_score"] = noop[key] if key in noop else self._noop_scores[key]
-                credited = mean_score - info["noop_score"]
-            rewards.append(Reward(credited + penalty, outcome.format_error, info))
+                terms["noop"] = noop[key] if key in noop else self._noop_scores[key]
+            terms["malformed"] = float(outcome.format_error is not None)
+            rewards.append(Reward(terms, self.weights, outcome.format_error, info))
         return rewards
 
     def _apply(self, state: ManagerState, response: str) -> _Applied:

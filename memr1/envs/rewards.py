@@ -1,4 +1,5 @@
-"""The answer rewards of both environments.
+"""The rewards of both environments: what an answer earns, and the weights that make a reward of an
+environment's outcomes (`reward_weights`: the format penalty and the credit, in one place).
 
 The paper's reward is exact match (EM) of the final answer against the gold answer. Ours normalises both
 sides the SQuAD way before comparing (lower case, no punctuation, no articles a / an / the), so that
@@ -18,6 +19,24 @@ from memr1.metrics.judge import Judge
 from memr1.metrics.lexical import exact_match, token_f1
 
 REWARD_KINDS: tuple[str, ...] = ("em", "f1", "judge")
+# The Manager's credit: "outcome" (the paper: the answers' score) or "counterfactual" (memr1's: minus the
+# score of the same state under NOOP, the term "noop", so an operation is credited for what it changed).
+CREDITS = ("outcome", "counterfactual")
+CREDIT_TERMS = ("noop",)  # the terms a credit adds; `Reward.score_without(*CREDIT_TERMS)` is the outcome
+
+
+def reward_weights(format_penalty: float, credit: str = "outcome") -> dict[str, float]:
+    """The weight of each `Reward` term: the answers' score 1, a malformed (or refused) response
+    `format_penalty` (<= 0), and under counterfactual credit the state's NOOP score -1.
+
+    reward_weights(-0.1, "counterfactual") == {"answer": 1.0, "noop": -1.0, "malformed": -0.1}
+    """
+    if not format_penalty <= 0:
+        raise ValueError(f"format_penalty: must be <= 0 (it is added to the reward of a malformed response), got {format_penalty}")
+    if credit not in CREDITS:
+        raise ValueError(f"credit: {credit!r} is not one of {CREDITS}")
+    credited = {"noop": -1.0} if credit == "counterfactual" else {}
+    return {"answer": 1.0, **credited, "malformed": format_penalty}
 
 
 def answer_reward(pred: str, gold: str, kind: str = "em") -> float:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -96,7 +95,7 @@ class Rollouts:
             lengths = torch.tensor([len(sample.response_ids) for _, sample in rows])
             penalties = core.overlong_penalty(lengths, self.max_new_tokens, min(overlong.len, self.max_new_tokens), overlong.penalty_factor)
             rewards = [
-                replace(reward, score=reward.score + float(penalty), info={**reward.info, "overlong_penalty": float(penalty)})
+                reward.with_term("overlong", float(penalty), 1.0)
                 for reward, penalty in zip(rewards, penalties.tolist())
             ]
         return [(sample, reward) for (_, sample), reward in zip(rows, rewards)]

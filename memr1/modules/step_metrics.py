@@ -34,7 +34,7 @@ def rl_step_metrics(
         group_ids = torch.arange(len(scores)) // group
         metrics["reward/zero_std_group_frac"] = float((~core.groups_with_spread(scores, group_ids)).float().mean())
     if overlong_shaping:
-        penalties = [float(r.info.get("overlong_penalty", 0.0)) for r in rewards]
+        penalties = [r.terms.get("overlong", 0.0) for r in rewards]
         metrics["reward/overlong_frac"] = sum(p < 0 for p in penalties) / len(penalties)
         metrics["reward/overlong_penalty_mean"] = sum(penalties) / len(penalties)
     valid = mask.bool()
