@@ -159,12 +159,15 @@ def check_no_ignored_overrides(algorithm: Any, overrides: list[str]) -> None:
     `ignores`), naming the key and why: a setting asked for must never silently do nothing. A preset
     may set them (one preset serves several algorithms); only what the user typed is refused."""
     for override in overrides:
-        key = override.lstrip("+~").split("=", 1)[0]
-        if not key.startswith("algo."):
-            continue
-        field = key.removeprefix("algo.").split(".", 1)[0]
+        field = algo_field(override)
         if field in algorithm.ignores:
             raise ConfigError(f"{override}: algo={algorithm.name} does not use algo.{field}: {algorithm.ignores[field]}")
+
+
+def algo_field(override: str) -> str | None:
+    """The `algo` field a `key=value` override sets ("algo.group_size=4" -> "group_size"), else None."""
+    key = override.lstrip("+~").split("=", 1)[0]
+    return key.removeprefix("algo.").split(".", 1)[0] if key.startswith("algo.") else None
 
 
 def check_train(cfg: DictConfig) -> None:

@@ -125,7 +125,7 @@ def resolve_stage(schedule: Schedule, stage: Stage) -> tuple[list[str], DictConf
     reads (GRPO's group size is not the SFT stage's). The stage's own `algo.KEY` that its algorithm
     would ignore is refused (`ConfigError`), as train.py refuses it on a command line. One composition;
     a second only when a shared `algo.KEY` had to be left out."""
-    from memr1.preflight import check_no_ignored_overrides
+    from memr1.preflight import algo_field, check_no_ignored_overrides
     from memr1.rl.algorithms import ALGORITHMS
 
     places = {"root": str(schedule.root), **{s.name: str(schedule.root / s.name) for s in schedule.stages}}
@@ -144,15 +144,10 @@ def resolve_stage(schedule: Schedule, stage: Stage) -> tuple[list[str], DictConf
     if stage.script == "train.py":
         algorithm = ALGORITHMS[config.algo.name]
         check_no_ignored_overrides(algorithm, own)
-        read = [arg for arg in shared if not _algo_field(arg) in algorithm.ignores]
+        read = [arg for arg in shared if algo_field(arg) not in algorithm.ignores]
         if len(read) < len(shared):
             shared, config = read, compose_config(stage.script, [*read, *own])
     return [*shared, *own], config
-
-
-def _algo_field(override: str) -> str | None:
-    key = override.split("=", 1)[0].lstrip("+~")
-    return key.removeprefix("algo.").split(".", 1)[0] if key.startswith("algo.") else None
 
 
 def compose_config(script: str, overrides: Sequence[str]) -> DictConfig:

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from memr1.memory.index import top_k
 from memr1.memory.records import StoredMemory, scored
 
 MEMORY_URI = ":memory:"
@@ -46,12 +47,8 @@ class EphemeralStore:
         if not live:
             return [[] for _ in vectors]
         scores = np.asarray(vectors, dtype=np.float32) @ np.stack([memory.vector for memory in live]).T  # (q, n)
-        # Best first; equal scores by creation step, then id (Milvus leaves ties in no stated order).
-        order = sorted(range(len(live)), key=lambda i: (live[i].entry.created_step, live[i].id))
-        return [
-            [scored(live[i], float(row[i])) for i in sorted(order, key=lambda i: -row[i])[:k]]
-            for row in scores
-        ]
+        steps = np.array([memory.entry.created_step for memory in live], dtype=np.int64)
+        return [[scored(live[i], float(row[i])) for i in top_k(row, steps, k)] for row in scores]
 
     def forget(self, scope: str, memory_ids: Sequence[str]) -> None:
         for memory_id in memory_ids:

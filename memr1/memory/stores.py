@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 from memr1.memory.ephemeral import MEMORY_URI, EphemeralStore
-from memr1.memory.records import RecordStore
+from memr1.memory.records import RecordStore, StoredMemory
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,15 @@ def move_legacy_bank(store: RecordStore, name: str) -> int:
     memories = store.legacy_rows(name, scope=name)
     if memories is None:
         return 0
-    store.forget(name, [memory.id for memory in memories])
-    store.write(memories)
-    store.flush()
+    rewrite(store, name, memories)
     store.drop_legacy(name)
     log.info("%s: moved bank %r (%d memories) from its own collection into the shared one", store.uri, name, len(memories))
     return len(memories)
+
+
+def rewrite(store: RecordStore, scope: str, memories: list[StoredMemory]) -> None:
+    """Write `memories` of `scope` as they are, first removing whatever is stored under their ids (what
+    an interrupted move of them wrote: Milvus would keep a second row of the same key)."""
+    store.forget(scope, [memory.id for memory in memories])
+    store.write(memories)
+    store.flush()

@@ -8,12 +8,12 @@
 Each scope (user_id / agent_id / run_id, as Mem0) is a scope of the store the training banks use
 (`memr1.memory.stores`; the service's own collection): Milvus Lite under `path` by default, or `uri`:
 a Milvus server, which several `memr1 serve` replicas can share, Qdrant, or ":memory:". Memories are
-the banks' records and change by the banks' rules (`memr1.memory.records`). `add` turns messages into facts (the extractor model, or each
-message as it is), shows each fact its most similar memories and lets the Memory Manager choose
-ADD / UPDATE / DELETE / NOOP (or ADDs everything when no Manager is configured). Deletes are soft and
-every write is in the memory's revision history: `history` reads it and `restore` undoes a DELETE.
-Memories kept by the layouts of earlier versions are moved in when `path` is opened
-(`memr1.service.migrate`), with their ids.
+the banks' records and change by the banks' rules (`memr1.memory.records`). `add` turns messages into
+facts (the extractor model, or each message as it is), shows each fact its most similar memories and
+lets the Memory Manager choose ADD / UPDATE / DELETE / NOOP (or ADDs everything when no Manager is
+configured). Deletes are soft and every write is in the memory's revision history: `history` reads it
+and `restore` undoes a DELETE. Memories kept by the layouts of earlier versions are moved in when
+`path` is opened (`memr1.service.migrate`), with their ids.
 
 Thread safety: a lock per scope (striped) around every retrieve -> decide -> write and every write by
 id, so two requests of this process never decide on the same stale memories. Replicas do not share

@@ -28,6 +28,7 @@ import numpy as np
 
 from memr1.memory.errors import MemoryBankError
 from memr1.memory.records import RecordStore, StoredMemory, newest, revisions
+from memr1.memory.stores import rewrite
 from memr1.types import MemoryEntry
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def migrate_scoped_collections(path: Path, store: RecordStore) -> int:
         if legacy is None:
             continue  # moved by an earlier, interrupted migration (or never written)
         memories = [_renamed(memory, collection, metadata) for memory in legacy]
-        _replace(store, scope, memories)
+        rewrite(store, scope, memories)
         store.drop_legacy(collection)
         moved += len(memories)
     database.rename(database.with_name(LEGACY_DATABASE + MIGRATED_SUFFIX))
@@ -92,7 +93,7 @@ def migrate_shared_collection(store: MilvusStore) -> int:
     for memory in memories:
         by_scope.setdefault(memory.scope, []).append(memory)
     for scope, owned in by_scope.items():
-        _replace(store, scope, owned)
+        rewrite(store, scope, owned)
     client.drop_collection(SHARED_COLLECTION_BEFORE)
     log.info("%s: moved %d memories of %d scopes from %r", store.uri, len(memories), len(by_scope), SHARED_COLLECTION_BEFORE)
     return len(memories)
@@ -101,12 +102,6 @@ def migrate_shared_collection(store: MilvusStore) -> int:
 def legacy_collection(scope: str) -> str:
     """The collection the per-scope layout kept `scope` in."""
     return "scope_" + hashlib.sha256(scope.encode()).hexdigest()[:24]
-
-
-def _replace(store: RecordStore, scope: str, memories: list[StoredMemory]) -> None:
-    store.forget(scope, [memory.id for memory in memories])  # what an interrupted run of this wrote
-    store.write(memories)
-    store.flush()
 
 
 def _renamed(memory: StoredMemory, collection: str, metadata: Mapping[str, object]) -> StoredMemory:
