@@ -426,7 +426,7 @@ SUBCOMMANDS: list[Subcommand] = [
     ),
     Subcommand(
         name="compare",
-        help="paired comparison of evaluation runs: ΔF1 / ΔBLEU-1 / ΔEM with 95% bootstrap intervals and a verdict",
+        help="paired comparison of evaluation runs: ΔF1 / ΔBLEU-1 / ΔEM with 95%% bootstrap intervals and a verdict",
         configure=_configure_compare,
         run=_run_compare,
     ),

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from memr1.cli import main, parse_split
+from memr1.cli import SUBCOMMANDS, main, parse_split
 
-pytestmark = pytest.mark.slow  # every test but one runs `memr1` as a subprocess
+pytestmark = pytest.mark.slow  # most tests here run `memr1` as a subprocess
 
 REPO = Path(__file__).parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "locomo_mini.json"
@@ -40,6 +40,15 @@ def test_parse_split() -> None:
     assert parse_split("test=*") == ("test", None)
     with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=ID"):
         parse_split("train")
+
+
+@pytest.mark.parametrize("command", [[], *([subcommand.name] for subcommand in SUBCOMMANDS)], ids=lambda c: " ".join(["memr1", *c, "--help"]))
+def test_every_help_page_prints(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse formats a help string with %: a bare "95%" once made `memr1 --help` raise ValueError.
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--help"])
+    assert exited.value.code == 0
+    assert "usage: memr1" in capsys.readouterr().out
 
 
 def test_data_summary_json_on_the_fixture() -> None:
