@@ -17,9 +17,10 @@ _LIGHTNING_WARNINGS = (
     r"The '\w+_dataloader' does not have many workers",  # states live in this process (Milvus-backed)
     r"`Trainer\(limit_val_batches=",
 )
-# INFO loggers that repeat on every run: faiss probing CPU builds, Milvus Lite's background indexer and
-# its server's start / stop for every file opened, sentence-transformers announcing the CPU.
-_CHATTY_LOGGERS = ("faiss.loader", "milvus_lite.engine.collection", "milvus_lite.server_manager", "sentence_transformers")
+# INFO loggers that repeat on every run: faiss probing CPU builds, Milvus Lite's engine (its background
+# indexer and, from milvus-lite 3, a compaction line per partition merged) and its server's start / stop
+# for every file opened, sentence-transformers announcing the CPU.
+_CHATTY_LOGGERS = ("faiss.loader", "milvus_lite.engine", "milvus_lite.server_manager", "sentence_transformers")
 
 
 class DropMessages(logging.Filter):
