@@ -51,6 +51,15 @@ _fork_numbers = itertools.count(1)
 _open_banks: set[tuple[str, str]] = set()
 
 
+def _reindex(index: VectorIndex, memory: StoredMemory) -> None:
+    """`index` follows `memory`'s latest write: a deleted memory leaves it, a live one is put."""
+    if memory.deleted:
+        if memory.id in index:
+            index.remove(memory.id)
+    else:
+        index.put(memory.id, memory.entry.speaker, memory.entry.created_step, memory.vector)
+
+
 class MemoryView(abc.ABC):
     """What a bank and its forks share: applying operations, searching, listing, forking."""
 
@@ -328,11 +337,7 @@ class MemoryBank(MemoryView):
 
     def _remember(self, memory: StoredMemory) -> None:
         self._records[memory.id] = memory
-        if memory.deleted:
-            if memory.id in self._index:
-                self._index.remove(memory.id)
-        else:
-            self._index.put(memory.id, memory.entry.speaker, memory.entry.created_step, memory.vector)
+        _reindex(self._index, memory)
 
     def _hits(self, queries: np.ndarray, speaker: str | None, k: int, exclude: Collection[str]) -> list[list[Hit]]:
         return self._index.search(queries, speaker, k, exclude)
@@ -396,11 +401,7 @@ class BankFork(MemoryView):
             if memory.id not in self._overlay and self._parent._get(memory.id) is not None:
                 self._shadowed.add(memory.id)
             self._overlay[memory.id] = memory
-            if memory.deleted:
-                if memory.id in self._index:
-                    self._index.remove(memory.id)
-            else:
-                self._index.put(memory.id, memory.entry.speaker, memory.entry.created_step, memory.vector)
+            _reindex(self._index, memory)
 
     def _hits(self, queries: np.ndarray, speaker: str | None, k: int, exclude: Collection[str]) -> list[list[Hit]]:
         hidden = self._shadowed.union(exclude) if exclude else self._shadowed
