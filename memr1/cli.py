@@ -426,7 +426,7 @@ SUBCOMMANDS: list[Subcommand] = [
     ),
     Subcommand(
         name="compare",
-        help="paired comparison of evaluation runs: ΔF1 / ΔBLEU-1 / ΔEM with 95%% bootstrap intervals and a verdict",
+        help="paired comparison of evaluation runs: ΔF1 / ΔBLEU-1 / ΔEM with 95% bootstrap intervals and a verdict",
         configure=_configure_compare,
         run=_run_compare,
     ),
@@ -464,7 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(title="commands", dest="command", required=True)
     for subcommand in SUBCOMMANDS:
-        subparser = subparsers.add_parser(subcommand.name, help=subcommand.help, description=subcommand.help)
+        # argparse %-formats a help string (a bare "95%" raises ValueError) and prints a description as is.
+        subparser = subparsers.add_parser(subcommand.name, help=subcommand.help.replace("%", "%%"), description=subcommand.help)
         subcommand.configure(subparser)
         subparser.set_defaults(run=subcommand.run)
     return parser
