@@ -339,7 +339,15 @@ def _run_compare(args: argparse.Namespace) -> int:
     if len(args.runs) < 2:
         raise ValueError("compare: give at least two run directories (A, then each B to set against it)")
     comparisons = [compare_runs(args.runs[0], run, args.resamples, args.seed) for run in args.runs[1:]]
-    names = EvalReport.read(args.runs[0]).category_names() if (Path(args.runs[0]) / REPORT_FILE).is_file() else {}
+    # Names a run wrote beat a guess from run A's spec: a report older than the names may say
+    # data=locomo for another set in LoCoMo's format (the knowledge-update set's first rows did).
+    reports = [EvalReport.read(run) for run in args.runs if (Path(run) / REPORT_FILE).is_file()]
+    written = [names for report in reports if (names := report.written_category_names()) is not None]
+    names: dict[int, str] = {}
+    if written:
+        names = written[0]
+    elif reports:
+        names = reports[0].category_names()
     print("\n\n".join(markdown(c, names) for c in comparisons))
     if args.json:
         args.json.write_text(json.dumps([c.to_json() for c in comparisons], indent=2))

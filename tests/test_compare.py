@@ -87,8 +87,8 @@ def test_the_command_prints_the_table_and_writes_json(tmp_path, capsys):
 
 
 def test_the_command_names_categories_as_the_runs_dataset_does(tmp_path, capsys):
-    # The names come from run A's report.json: as the run wrote them, else from its dataset's SPEC; a
-    # run without a report is shown by number.
+    # The names come from the reports: as a run wrote them (A's first), else from A's dataset's SPEC;
+    # runs without a report are shown by number.
     from memr1.pipeline.report_file import EvalReport
 
     a = write_run(tmp_path / "a", {"q1": ("no", "yes", 1), "q2": ("Oslo", "Oslo", 2)})
@@ -102,6 +102,12 @@ def test_the_command_names_categories_as_the_runs_dataset_does(tmp_path, capsys)
     assert main(["compare", str(a), str(b)]) == 0
     printed = capsys.readouterr().out
     assert "| 1 first | 1 |" in printed and "| 2 second | 1 |" in printed
+    # A's report predates written names (its data guessed wrong): B's written names win.
+    EvalReport("t", {}, {}, {"data": "locomo"}).write(a)
+    EvalReport("t", {}, {}, {"data": "knowledge_update", "categories": {"1": "replaced", "2": "cancelled"}}).write(b)
+    assert main(["compare", str(a), str(b)]) == 0
+    printed = capsys.readouterr().out
+    assert "| 1 replaced | 1 |" in printed and "| 2 cancelled | 1 |" in printed
 
 
 def test_a_bad_run_directory_or_line_is_named(tmp_path, capsys):

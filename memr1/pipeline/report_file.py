@@ -50,12 +50,19 @@ class EvalReport:
         """The question categories scored, in order."""
         return sorted(int(key.split("cat", 1)[1]) for key in self.scores if key.startswith("count/cat"))
 
-    def category_names(self) -> dict[int, str]:
-        """What the run's dataset calls each category: as the run wrote it, or, for a report written
-        before runs wrote them, its dataset's spec (`settings["data"]`)."""
+    def written_category_names(self) -> dict[int, str] | None:
+        """The category names the run wrote; None for a report written before runs wrote them."""
         written = self.settings.get("categories")
         if isinstance(written, Mapping):
             return {int(category): str(name) for category, name in written.items()}
+        return None
+
+    def category_names(self) -> dict[int, str]:
+        """What the run's dataset calls each category: as the run wrote it, or, for a report written
+        before runs wrote them, its dataset's spec (`settings["data"]`)."""
+        written = self.written_category_names()
+        if written is not None:
+            return written
         from memr1.datasets.registry import dataset_spec
 
         return dict(dataset_spec(str(self.settings.get("data", "locomo"))).categories)
