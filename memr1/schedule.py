@@ -22,8 +22,9 @@ Stages marked `report: <label>` (evaluations) form the closing table, one per sp
 F1 / BLEU-1 / EM / format errors / mean words from the stage's `report.json`, each row's F1 set against
 the first row of its split (the baseline) paired over the same questions with its 95% interval (`memr1 compare`), with a
 plain sentence saying whether the trained rows beat it, and how many answers changed. A stage's
-`versus: <label>` names the row its agent was trained from (SFT+GRPO's SFT), and a sentence says
-whether the training beat that too. "Beats" means the interval excludes 0.
+`versus: <label>` names an earlier row of its split to set it against as well (SFT+GRPO against the SFT
+it was trained from), in a sentence of the same kind; naming the split's base adds nothing and writes
+none. "Beats" means the interval excludes 0.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class Stage:
     shared: tuple[str, ...]  # the schedule's overrides for every stage of this script
     own: tuple[str, ...]  # the stage's own
     report: str | None = None
-    versus: str | None = None  # an earlier row's label: the row it was trained from, set against it too
+    versus: str | None = None  # an earlier row's label, this row set against it too (e.g. its warm start)
 
 
 @dataclass(frozen=True)
@@ -332,10 +333,10 @@ def report_table(schedule: Schedule) -> str:
                      "every row; Δ paired over the questions, its 95% interval by bootstrap.")
         lines += [comparison.verdict() for comparison in comparisons]
     by_label = {row.label: row for row in rows}
+    bases = {next(row for row in rows if row.report.split == split).label for split in dict.fromkeys(row.report.split for row in rows)}
     for stage in schedule.stages:
-        if stage.versus in by_label and stage.report in by_label:
-            start = by_label[stage.versus]
-            lines.append(compare_labelled(start, by_label[stage.report], f"{start.label}, the agent it was trained from").verdict())
+        if stage.versus in by_label and stage.report in by_label and stage.versus not in bases:
+            lines.append(compare_labelled(by_label[stage.versus], by_label[stage.report]).verdict())
     for stage in schedule.stages:
         probes = probe_rewards(schedule.root / stage.name) if stage.script == "train.py" else []
         if len(probes) > 1:

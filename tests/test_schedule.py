@@ -134,7 +134,7 @@ def test_the_closing_table_sets_each_row_against_the_base_with_paired_intervals(
     spec.write_text(
         "stages:\n"
         "  - {name: base-eval, script: evaluate.py, report: base}\n"
-        "  - {name: sft-eval, script: evaluate.py, report: SFT}\n"
+        "  - {name: sft-eval, script: evaluate.py, report: SFT, versus: base}\n"
         "  - {name: answer-grpo, script: train.py}\n"
         "  - {name: grpo-eval, script: evaluate.py, report: SFT+GRPO, versus: SFT}\n"
     )
@@ -157,7 +157,9 @@ def test_the_closing_table_sets_each_row_against_the_base_with_paired_intervals(
     # interval reaches 0 (and 100 at the top): within noise, however large the mean.
     assert "SFT+GRPO is within noise of base: F1 +50.00 [+0.00, +100.00]; 2 of 4 answers differ." in lines
     # GRPO started from SFT: against its own warm start, differences [0, 0, -100, -100].
-    assert lines[-1] == "SFT+GRPO is within noise of SFT, the agent it was trained from: F1 -50.00 [-100.00, +0.00]; 2 of 4 answers differ."
+    assert lines[-1] == "SFT+GRPO is within noise of SFT: F1 -50.00 [-100.00, +0.00]; 2 of 4 answers differ."
+    # SFT's `versus: base` names the row the table already sets it against: no second sentence.
+    assert sum(line.startswith("SFT beats base") for line in lines) == 1
 
 
 def test_rows_of_another_split_get_their_own_table_and_base(tmp_path):

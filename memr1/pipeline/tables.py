@@ -46,11 +46,10 @@ class ScoredRun:
         return cls(label, directory, EvalReport.read(directory))
 
 
-def compare_labelled(base: ScoredRun, trained: ScoredRun, base_label: str | None = None, seed: int = 0) -> Comparison:
-    """`trained` against `base`, paired over the questions both answered, its runs named by label
-    (`base_label` to name the base otherwise, e.g. "SFT, the agent it was trained from")."""
+def compare_labelled(base: ScoredRun, trained: ScoredRun, seed: int = 0) -> Comparison:
+    """`trained` against `base`, paired over the questions both answered, its runs named by label."""
     comparison = compare_runs(base.directory, trained.directory, seed=seed)
-    comparison.run_a, comparison.run_b = base_label or base.label, trained.label
+    comparison.run_a, comparison.run_b = base.label, trained.label
     return comparison
 
 
