@@ -186,7 +186,8 @@ def run_schedule(schedule: Schedule) -> int:
     exit status (a stop by signal is 128 + its number, as train.py's own). With an archive, a stage
     missing from the run root but kept there is restored instead of run (a training stage kept
     unfinished is restored and resumed), and each finished stage is kept there (one that finished
-    before the archive was named, at the next start)."""
+    before the archive was named, or whose kept record lacks an export a stage names now, at the next
+    start)."""
     schedule.root.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     for number, stage in enumerate(schedule.stages, start=1):
@@ -194,7 +195,7 @@ def run_schedule(schedule: Schedule) -> int:
         position = f"stage {number}/{len(schedule.stages)} {stage.name}"
         if (directory / DONE).is_file():
             log.info("%s: done before, skipped", position)
-            if schedule.archive and not (schedule.archive / stage.name / DONE).is_file():
+            if schedule.archive and not kept(schedule, stage):
                 keep(schedule, stage)
             continue
         if restore(schedule, stage):
@@ -249,6 +250,14 @@ def restore(schedule: Schedule, stage: Stage) -> bool:
     return True
 
 
+def kept(schedule: Schedule, stage: Stage) -> bool:
+    """Whether the archive holds the finished `stage` with every export that the schedule's stages name
+    now (a schedule edited to score `policy/last` where it scored `policy/best` needs the stage kept again)."""
+    assert schedule.archive is not None
+    record = schedule.archive / stage.name
+    return (record / DONE).is_file() and all((record / export).is_dir() for export in referenced_exports(schedule)[stage.name])
+
+
 def keep(schedule: Schedule, stage: Stage) -> None:
     """Archive the finished `stage` with the policy exports that later stages name."""
     assert schedule.archive is not None
@@ -266,18 +275,18 @@ def keep_progress(schedule: Schedule) -> list[str]:
 
     if schedule.archive is None:
         raise ValueError(f"pipeline {schedule.name}: no archive to keep stages in (archive: in its file, or --archive)")
-    kept = []
+    newly_kept = []
     for stage in schedule.stages:
         directory, record = schedule.root / stage.name, schedule.archive / stage.name
         if (directory / DONE).is_file():
-            if not (record / DONE).is_file():
+            if not kept(schedule, stage):
                 keep(schedule, stage)
-                kept.append(stage.name)
+                newly_kept.append(stage.name)
         elif stage.script == "train.py" and latest_checkpoint(directory / "checkpoints") is not None:
             archive_unfinished(directory, record, schedule.root)
             log.info("stage %s kept unfinished in %s (step %s)", stage.name, record, unfinished_step(record))
-            kept.append(stage.name)
-    return kept
+            newly_kept.append(stage.name)
+    return newly_kept
 
 
 def referenced_exports(schedule: Schedule) -> dict[str, list[str]]:

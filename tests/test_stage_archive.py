@@ -197,3 +197,28 @@ def test_an_unfinished_record_is_restored_only_where_it_got_further_than_the_run
     assert sorted(path.name for path in local.iterdir()) == ["interrupted-step=3.ckpt"]
     assert (tmp_path / "runs" / "sft" / "policy" / "best" / "adapter_model.safetensors").read_bytes() == b"best so far"
     assert not (tmp_path / "runs" / "sft" / DONE).exists()  # it runs, resuming from step 3
+
+
+def test_a_kept_stage_is_kept_again_when_a_stage_names_an_export_its_record_lacks(tmp_path):
+    """A schedule edited after its training stage was kept (with policy/best) to score policy/last:
+    the next start keeps the stage again with the export now named, so a clean clone can run that
+    evaluation from the archive."""
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    export(runs / "rl" / "policy" / "best", b"best weights")
+    export(runs / "rl" / "policy" / "last", b"last weights")
+    (runs / "rl" / DONE).write_text("{}\n")
+    archive_stage(runs / "rl", results / "rl", runs, ["policy/best"])
+    evaluation_stage(runs / "test-rl")
+    spec = tmp_path / "edited.yaml"
+    spec.write_text(
+        "stages:\n"
+        "  - {name: rl, script: train.py}\n"
+        "  - {name: test-rl, script: evaluate.py, args: ['manager.ckpt={rl}/policy/last'], report: RL}\n"
+    )
+    schedule = load_schedule(str(spec), root=str(runs), archive=str(results))
+    assert not (results / "rl" / "policy" / "last").exists()
+
+    assert run_schedule(schedule) == 0  # both stages done before: nothing run
+    assert (results / "rl" / "policy" / "last" / "adapter_model.safetensors").read_bytes() == b"last weights"
+    assert (results / "test-rl" / DONE).is_file()
+    assert keep_progress(schedule) == []  # everything named is kept now
