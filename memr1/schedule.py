@@ -332,17 +332,18 @@ def report_table(schedule: Schedule) -> str:
     if not rows:
         return ""
     lines: list[str] = []
+    bases: set[str] = set()  # each split's base label: its table already sets every row against it
     # One table per split, its first row the base: rows of different splits share no question.
     for split in dict.fromkeys(row.report.split for row in rows):
         same_split = [row for row in rows if row.report.split == split]
         table, comparisons = scores_against_base(same_split)
         base = same_split[0].report
+        bases.add(same_split[0].label)
         lines += [*([""] if lines else []), table, ""]
         lines.append(f"{int(base.scores.get('count', 0))} {split} questions, greedy decoding, the same questions and banks in "
                      "every row; Δ paired over the questions, its 95% interval by bootstrap.")
         lines += [comparison.verdict() for comparison in comparisons]
     by_label = {row.label: row for row in rows}
-    bases = {next(row for row in rows if row.report.split == split).label for split in dict.fromkeys(row.report.split for row in rows)}
     for stage in schedule.stages:
         if stage.versus in by_label and stage.report in by_label and stage.versus not in bases:
             lines.append(compare_labelled(by_label[stage.versus], by_label[stage.report]).verdict())
