@@ -77,6 +77,9 @@ def main() -> None:
                            "mean_margin_when_better": statistics.fmean([d for d in ds if d > 0]) if any(d > 0 for d in ds) else 0.0}
                       for op, ds in beats.items()},
         "all_tied": sum(len(set(r["details"]["scores"].values())) == 1 for r in chosen),
+        # Per category of the questions that cite the fact's turn ("1+3": questions of both), what is
+        # taught: whether the operation follows from what kind of fact it is.
+        "taught_by_question_category": taught_by_category(chosen, picked),
     }
     print(json.dumps(summary, indent=2))
     if args.out:
@@ -84,6 +87,14 @@ def main() -> None:
         report = {"command": " ".join(sys.argv), "split": args.split, "teacher": trajectories.teacher.name, "summary": summary,
                   "seconds": time.perf_counter() - started, "machine": machine_info(load_before, os.getloadavg()[0]), "choices": chosen}
         args.out.write_text(json.dumps(report, indent=1))
+
+
+def taught_by_category(chosen: list[dict], states: list) -> dict[str, dict[str, int]]:
+    categories = {(s.conversation_id, tuple(s.fact.dia_ids)): "+".join(map(str, sorted({q.category for q in s.questions}))) for s in states}
+    table: dict[str, Counter] = {}
+    for row in chosen:
+        table.setdefault(categories[row["conversation_id"], tuple(row["dia_ids"])], Counter())[row["details"]["operation"]] += 1
+    return {key: {op: counts.get(op, 0) for op in OPERATIONS} for key, counts in sorted(table.items())}
 
 
 def best_of(row: dict, operation: str) -> float | None:
