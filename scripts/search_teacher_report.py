@@ -31,6 +31,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from memr1.apps import CONFIG_DIR  # noqa: E402
 from memr1.data_modules.rl_states import RLStatesDataModule  # noqa: E402
+from memr1.envs.manager import ManagerState  # noqa: E402
 from machine import machine_info, print_machine  # noqa: E402  (benchmarks/machine.py)
 from memr1.factories import build_env, build_trajectories  # noqa: E402
 from memr1.search_teacher import OPERATIONS  # noqa: E402
@@ -89,7 +90,8 @@ def main() -> None:
         args.out.write_text(json.dumps(report, indent=1))
 
 
-def taught_by_category(chosen: list[dict], states: list) -> dict[str, dict[str, int]]:
+def taught_by_category(chosen: list[dict], states: list[ManagerState]) -> dict[str, dict[str, int]]:
+    """The taught operations counted per state's question categories, keyed "1" or "1+3"."""
     categories = {(s.conversation_id, tuple(s.fact.dia_ids)): "+".join(map(str, sorted({q.category for q in s.questions}))) for s in states}
     table: dict[str, Counter] = {}
     for row in chosen:
