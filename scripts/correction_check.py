@@ -4,12 +4,13 @@ serves): two unrelated facts, the original fact, its correction, then the questi
 written here, not drawn from the knowledge-update generator: other names, other subjects, other wording
 (memr1/datasets/knowledge_update.py owns the set's templates).
 
-    .venv/bin/python scripts/correction_check.py --manager trained:manager-sft \\
+    .venv/bin/python scripts/correction_check.py --manager trained:manager-ku-k1 \\
         --answer results/manager_ku_answerer/answer-ku-sft/policy/last --k 1 \\
-        --out results/manager/correction_check_manager_sft_k1.json
+        --out results/manager/correction_check_manager_ku_k1_k1.json
 
-The question is asked twice, before the correction is told and after. A case counts as answered with the correction when the answer holds the new value and not the old
-(replaced), both values (accumulated), or a refusal of the old state (cancelled: the answer says no /
+The question is asked twice, before the correction is told and after. A case counts as answered with
+the correction when the answer holds the new value and not the old (replaced), both values
+(accumulated), or a refusal of the old state (cancelled: the answer says no /
 not / cancelled / quit). Greedy, in the precision asked (fp32 for rows of record).
 """
 
