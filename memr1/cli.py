@@ -360,19 +360,28 @@ def _run_compare(args: argparse.Namespace) -> int:
 def _configure_decisions(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN", help="evaluation run directories (with decisions.jsonl); each after the first is set against the first (the reference, say the oracle)")
     parser.add_argument("--json", type=Path, help="also write the agreements as JSON here")
+    parser.add_argument("--data", type=Path, help="the runs' dataset file (LoCoMo format): also count each run's "
+                        "operations by the categories of the questions citing the fact (one run is then enough)")
 
 
 def _run_decisions(args: argparse.Namespace) -> int:
-    from memr1.pipeline.decisions import agreement, markdown, read_decisions
+    from memr1.datasets.locomo import load_locomo
+    from memr1.pipeline.decisions import agreement, by_citation, citation_markdown, markdown, read_decisions
 
-    if len(args.runs) < 2:
-        raise ValueError("decisions: give at least two run directories (the reference, then each Manager's)")
+    if len(args.runs) < (1 if args.data else 2):
+        raise ValueError("decisions: give at least two run directories (the reference, then each Manager's), or one with --data")
     reference = read_decisions(args.runs[0])
     results = []
     for run in args.runs[1:]:
         rows, left_out = agreement(reference, read_decisions(run))
         print(markdown(args.runs[0], run, rows, left_out), end="\n\n")
         results.append({"reference": args.runs[0], "run": run, "left_out": left_out, "operations": [r.to_json() for r in rows]})
+    if args.data:
+        conversations = load_locomo(args.data)
+        for run in args.runs:
+            table = by_citation(read_decisions(run), conversations)
+            print(citation_markdown(run, table), end="\n\n")
+            results.append({"run": run, "by_citation": table})
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

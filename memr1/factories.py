@@ -283,6 +283,7 @@ def build_trajectories(cfg: DictConfig, env: AnswerEnv | ManagerEnv) -> TeacherT
         teacher = SearchManagerTeacher(
             env.variant(ManagerAgent("fact"), credit="outcome"), env.variant(ManagerAgent("model"), credit="outcome"),
             answerer=str(answer_config(cfg).ckpt), min_margin=spec.min_margin, drop_factor=spec.drop_factor,
+            questions=cfg.model.questions,
         )
     elif spec.kind == "endpoint":
         teacher = EndpointTeacher(spec.url, spec.model, max_tokens=spec.max_tokens, api_key_env=spec.api_key_env)

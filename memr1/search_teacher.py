@@ -113,9 +113,15 @@ class SearchManagerTeacher:
         `add_text` must be "fact" (ADD stores the fact as given, as the trained Manager's ADDs will).
     variants_env: the same environment with `add_text="model"`, for the ADD variants' own texts.
     answerer: names the frozen Answer Agent, part of the teacher's name (the cache keeps targets per name).
+    questions: which questions judge its states (`memr1.states.datasets.STATE_QUESTIONS`): the scores
+        depend on them, so the name does too (the cache is keyed by the Manager's prompt, which does not
+        show them); "fact", the first setting, leaves the name as it was.
     """
 
-    def __init__(self, env: ManagerEnv, variants_env: ManagerEnv, answerer: str, min_margin: float = 0.1, drop_factor: float = 2.0) -> None:
+    def __init__(
+        self, env: ManagerEnv, variants_env: ManagerEnv, answerer: str, min_margin: float = 0.1, drop_factor: float = 2.0,
+        questions: str = "fact",
+    ) -> None:
         if env.credit != "outcome":
             raise ValueError(f"teacher=search: the environment's credit must be 'outcome' (scores, not differences), got {env.credit!r}")
         if env.manager_agent.add_text != "fact" or variants_env.manager_agent.add_text != "model":
@@ -124,7 +130,7 @@ class SearchManagerTeacher:
             raise ValueError(f"teacher=search: min_margin must be >= 0 and drop_factor >= 1, got {min_margin}, {drop_factor}")
         self.env, self.variants_env = env, variants_env
         self.min_margin, self.drop_factor = min_margin, drop_factor
-        settings = json.dumps([answerer, env.reward, env.k_per_speaker, min_margin, drop_factor])
+        settings = json.dumps([answerer, env.reward, env.k_per_speaker, min_margin, drop_factor, *([questions] if questions != "fact" else [])])
         self.name = f"search-v1-{hashlib.sha256(settings.encode()).hexdigest()[:8]}"
 
     def choose(self, state: ManagerState) -> SearchChoice:

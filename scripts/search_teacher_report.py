@@ -78,7 +78,8 @@ def main() -> None:
                            "mean_margin_when_better": statistics.fmean([d for d in ds if d > 0]) if any(d > 0 for d in ds) else 0.0}
                       for op, ds in beats.items()},
         "all_tied": sum(len(set(r["details"]["scores"].values())) == 1 for r in chosen),
-        # Per category of the questions that cite the fact's turn ("1+3": questions of both), what is
+        # Per category of the questions that cite the fact's turn ("1+3": questions of both; "none": a
+        # fact judged only by its candidates' questions, model.questions=fact_and_candidates), what is
         # taught: whether the operation follows from what kind of fact it is.
         "taught_by_question_category": taught_by_category(chosen, picked),
     }
@@ -91,8 +92,12 @@ def main() -> None:
 
 
 def taught_by_category(chosen: list[dict], states: list[ManagerState]) -> dict[str, dict[str, int]]:
-    """The taught operations counted per state's question categories, keyed "1" or "1+3"."""
-    categories = {(s.conversation_id, tuple(s.fact.dia_ids)): "+".join(map(str, sorted({q.category for q in s.questions}))) for s in states}
+    """The taught operations counted per category of the questions citing the state's fact, keyed "1",
+    "1+3" or "none"."""
+    categories = {
+        (s.conversation_id, tuple(s.fact.dia_ids)): "+".join(map(str, sorted({q.category for q in s.questions if set(q.evidence) & set(s.fact.dia_ids)}))) or "none"
+        for s in states
+    }
     table: dict[str, Counter] = {}
     for row in chosen:
         table.setdefault(categories[row["conversation_id"], tuple(row["dia_ids"])], Counter())[row["details"]["operation"]] += 1

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from memr1.cli import main
-from memr1.pipeline.decisions import agreement, read_decisions
+from memr1.datasets.locomo import load_locomo
+from memr1.pipeline.decisions import agreement, by_citation, read_decisions
 
 
 def write_run(run_dir: Path, events: list[str], conversation: str = "c") -> Path:
@@ -49,3 +50,22 @@ def test_memr1_decisions_sets_runs_against_the_first_and_names_what_is_wrong(tmp
         read_decisions(tmp_path / "bad")
     with pytest.raises(FileNotFoundError, match="no decisions kept"):
         read_decisions(tmp_path)
+
+
+def test_operations_counted_by_what_cites_the_fact_by_hand(tmp_path, capsys):
+    """tests/fixtures/locomo_mini.json, mini-1's six facts in bank order: D1:1 (q1, category 1), D1:2
+    (q0, 2), D1:1+D1:3 (q1, 1), D2:1 (q3, 4), D2:2 and one of no turn (cited by none)."""
+    fixture = Path(__file__).parent / "fixtures" / "locomo_mini.json"
+    run = write_run(tmp_path / "manager", ["ADD", "UPDATE", "UPDATE", "ADD", "UPDATE", "NOOP"], conversation="mini-1")
+    table = by_citation(read_decisions(run), load_locomo(fixture))
+    assert table == {
+        "1": {"ADD": 1, "UPDATE": 1, "DELETE": 0, "NOOP": 0},
+        "2": {"ADD": 0, "UPDATE": 1, "DELETE": 0, "NOOP": 0},
+        "4": {"ADD": 1, "UPDATE": 0, "DELETE": 0, "NOOP": 0},
+        "none": {"ADD": 0, "UPDATE": 1, "DELETE": 0, "NOOP": 1},
+    }
+    assert main(["decisions", str(run), "--data", str(fixture)]) == 0
+    assert "| none | 2 | 0 | 1 | 0 | 1 |" in capsys.readouterr().out
+    stray = write_run(tmp_path / "stray", ["ADD"] * 7, conversation="mini-1")
+    with pytest.raises(ValueError, match="conversation 'mini-1' item 6 is no fact of the data given"):
+        by_citation(read_decisions(stray), load_locomo(fixture))

@@ -140,6 +140,23 @@ def test_manager_states_index_turns_and_cut_the_window_bank(conversations, teach
     assert texts(wide[3]) == {ADOPTED, RUNNING, PARK}
 
 
+def test_states_judged_by_the_candidates_questions_too(conversations, teachers) -> None:
+    """questions="fact_and_candidates": a state's questions are its fact's and those citing a candidate's
+    turns (what an UPDATE or DELETE could overwrite); a fact no question cites gets a state when a
+    candidate is cited. By hand, window 2: MARATHONS' candidate RUNNING is q0's evidence; FETCH (Ana's,
+    D2:2, cited by none) sees PARK, which cites D1:1 and D1:3, q1's evidence."""
+    states = ManagerStates(conversations[:1], teachers.__getitem__, window=2, questions="fact_and_candidates")
+    assert [key.dia_id for key in states.keys] == ["D1:1", "D1:2", "D1:3", "D2:1", "D2:2"]
+    built = [states[index] for index in range(len(states))]
+    assert [state.fact.text for state in built] == [ADOPTED, RUNNING, PARK, MARATHONS, FETCH]
+    assert [[c.text for c in state.candidates] for state in built] == [[], [], [ADOPTED], [RUNNING], [PARK]]
+    assert [[q.qid for q in state.questions] for state in built] == [
+        ["mini-1/q1"], ["mini-1/q0"], ["mini-1/q1"], ["mini-1/q3", "mini-1/q0"], ["mini-1/q1"]
+    ]
+    with pytest.raises(ValueError, match="ManagerStates.questions: 'all' is not one of"):
+        ManagerStates(conversations[:1], teachers.__getitem__, questions="all")
+
+
 def test_evidence_turns_without_facts_are_skipped_and_counted(conversations) -> None:
     mini_1 = conversations[0]
     without_marathons = dataclasses.replace(mini_1, facts=tuple(f for f in mini_1.facts if f.text != MARATHONS))

@@ -74,7 +74,7 @@ def bank(tmp_path: Path, embedder: Embedder) -> Iterator[MemoryBank]:
         yield opened
 
 
-def teacher(reader: RuleReader, **kwargs: float) -> SearchManagerTeacher:
+def teacher(reader: RuleReader, **kwargs: float | str) -> SearchManagerTeacher:
     def env(add_text: str) -> ManagerEnv:
         return ManagerEnv(ManagerAgent(add_text), AnswerAgent(distill=False), reader, SamplingConfig(max_new_tokens=8, temperature=0.0),
                           k_per_speaker=5, reward="f1")
@@ -137,6 +137,10 @@ def test_targets_and_their_scores_are_cached_and_read_back(bank, tmp_path):
     (row,) = [json.loads(line) for line in (tmp_path / "manager-search.jsonl").read_text().splitlines()]
     assert row["teacher"] == search.name and row["details"]["operation"] == "MERGE" and row["details"]["add"] == pytest.approx(0.5)
     assert TeacherTrajectories(search, tmp_path / "manager-search.jsonl").targets([dogs], [prompt]) == [target]
+    # States judged by more questions score the same prompt otherwise: another name, whose cache reads
+    # none of these rows.
+    guarded = teacher(RuleReader(), questions="fact_and_candidates")
+    assert guarded.name != search.name and len(TeacherTrajectories(guarded, tmp_path / "manager-search.jsonl")) == 0
 
 
 class CountingReader(RuleReader):

@@ -42,7 +42,7 @@ class RLStatesDataModule(LightningDataModule):
         states are cut from ADD-all banks of the dataset's facts (the Manager's teacher).
     bank_policy: who builds them: ADD-all, or a Memory Manager (`memr1.factories.memory_policy`, which
         loads its model only if a bank still needs building).
-    window, num_candidates: of `ManagerStates`; k_per_speaker: memories per speaker for answer states.
+    window, num_candidates, questions: of `ManagerStates`; k_per_speaker: memories per speaker for answer states.
     batch_size: states per training step (all ranks together); val_batch_size: states per validation
         batch and rank.
     seed: of the training order (`batch_indices`).
@@ -65,6 +65,7 @@ class RLStatesDataModule(LightningDataModule):
         bank_policy: MemoryPolicy | None = None,
         window: int = 50,
         num_candidates: int = 5,
+        questions: str = "fact",
         k_per_speaker: int = 30,
         batch_size: int = 8,
         val_batch_size: int = 8,
@@ -103,6 +104,7 @@ class RLStatesDataModule(LightningDataModule):
         self.bank_policy = bank_policy
         self.window = window
         self.num_candidates = num_candidates
+        self.questions = questions
         self.k_per_speaker = k_per_speaker
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size
@@ -118,7 +120,7 @@ class RLStatesDataModule(LightningDataModule):
     @classmethod
     def from_config(cls, cfg: DictConfig) -> RLStatesDataModule:
         """The data module of `train.py`'s config: `data` (LoCoMo), the bank recipe (`banks`, `memory`,
-        and `manager` when it writes the banks), `model` (agent, `window`), `answer.k_per_speaker`,
+        and `manager` when it writes the banks), `model` (agent, `window`, `questions`), `answer.k_per_speaker`,
         `manager.num_candidates`, `data_loader` (states_per_step, val_batch_size, max_steps), `seed`."""
         spec = dataset_spec(cfg.data.kind)
         if not spec.locomo_format:
@@ -145,7 +147,7 @@ class RLStatesDataModule(LightningDataModule):
             banks_dir=banks.dir,
             banks_uri=banks.uri,
             bank_policy=memory_policy(recipe, cfg, models.engine, ()),
-            **({"window": cfg.model.window} if cfg.model.agent == "manager" else {}),
+            **({"window": cfg.model.window, "questions": cfg.model.questions} if cfg.model.agent == "manager" else {}),
             num_candidates=manager.num_candidates,
             k_per_speaker=answer_config(cfg).k_per_speaker,
             batch_size=loader.states_per_step,
@@ -183,8 +185,8 @@ class RLStatesDataModule(LightningDataModule):
                 on_advance=lambda n: bar.advance(task, n),
             )
         if self.agent == "manager":
-            self.train_states = ManagerStates(train, self.banks.__getitem__, self.window, self.num_candidates)
-            self.val_states = ManagerStates(validation, self.banks.__getitem__, self.window, self.num_candidates)
+            self.train_states = ManagerStates(train, self.banks.__getitem__, self.window, self.num_candidates, questions=self.questions)
+            self.val_states = ManagerStates(validation, self.banks.__getitem__, self.window, self.num_candidates, questions=self.questions)
         else:
             self.train_states = AnswerStates(train, self.banks, self.k_per_speaker)
             self.val_states = AnswerStates(validation, self.banks, self.k_per_speaker)

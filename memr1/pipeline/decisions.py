@@ -7,16 +7,22 @@ operation is the information-retrieval pair: of the facts it UPDATEd, how many t
 too (precision), and of the facts the reference UPDATEd, how many it did (recall). Both Managers
 decide each fact on their own banks as they stand, which differ once their decisions have: the pair
 says whether a Manager acts on the facts that matter, not that it acts on the same memory.
+
+`by_citation` counts one run's operations by what its facts are cited for: the categories of the
+questions whose evidence holds the fact's turns, or "none" (chatter, a restatement, a value later
+replaced), where an UPDATE can only overwrite what another question needs.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from memr1.banks.build import OPERATION_KINDS
+from memr1.banks.build import OPERATION_KINDS, memory_items
+from memr1.types import Conversation
 
 DECISIONS = "decisions.jsonl"
 
@@ -91,4 +97,29 @@ def markdown(reference_name: str, name: str, rows: Sequence[Agreement], left_out
         "|---|---:|---:|---:|---:|---:|",
     ]
     lines += [f"| {r.event} | {r.reference} | {r.chosen} | {r.agreed} | {share(r.precision)} | {share(r.recall)} |" for r in rows]
+    return "\n".join(lines)
+
+
+def by_citation(decisions: dict[tuple[str, int], str], conversations: Sequence[Conversation], source: str = "observation") -> dict[str, dict[str, int]]:
+    """A run's operations counted by what cites each fact: the sorted categories of the questions whose
+    evidence holds one of the fact's turns, joined by "+" ("1", "1+3"), or "none". Items are the banks'
+    (`memory_items(conversation, source)`, the index `decisions.jsonl` keeps); a decided item that is no
+    fact of `conversations` is refused."""
+    facts = {conversation.sample_id: (conversation, memory_items(conversation, source)) for conversation in conversations}
+    table: dict[str, Counter] = {}
+    for (conversation_id, item), event in sorted(decisions.items()):
+        if conversation_id not in facts or not 0 <= item < len(facts[conversation_id][1]):
+            raise ValueError(f"decisions: conversation {conversation_id!r} item {item} is no fact of the data given")
+        conversation, items = facts[conversation_id]
+        turns = set(items[item].dia_ids)
+        cited = sorted({question.category for question in conversation.questions if turns & set(question.evidence)})
+        table.setdefault("+".join(map(str, cited)) or "none", Counter())[event] += 1
+    return {key: {event: counts.get(event, 0) for event in OPERATION_KINDS} for key, counts in sorted(table.items())}
+
+
+def citation_markdown(name: str, table: dict[str, dict[str, int]]) -> str:
+    """A table: per kind of citation, the run's facts and each operation's count."""
+    lines = [f"{name}: operations by the categories of the questions citing the fact", "",
+             "| cited by | facts | " + " | ".join(OPERATION_KINDS) + " |", "|---|---:|" + "---:|" * len(OPERATION_KINDS)]
+    lines += [f"| {key} | {sum(counts.values())} | " + " | ".join(str(counts[event]) for event in OPERATION_KINDS) + " |" for key, counts in table.items()]
     return "\n".join(lines)

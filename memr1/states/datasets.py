@@ -1,11 +1,12 @@
 """The RL states of both agents, built lazily and cached.
 
-Manager states (`ManagerStates`): one per (evidence turn of a training question, fact of that turn).
-A fact belongs to the turn it becomes knowable at (`memr1.types.knowable_at`, the order banks are
-built in). The state's bank is the paper's temporal bank (`memr1.states.windows`): the memories of
-the `window` turns strictly before the fact's turn, cut out of a *teacher* bank built once per
-conversation over all its facts. The teacher ADDs every fact, so its memories are the dataset's facts
-with their turns as provenance.
+Manager states (`ManagerStates`): one per (evidence turn of a training question, fact of that turn),
+or with `questions="fact_and_candidates"` one per fact whose turn or whose candidate memories a
+question cites. A fact belongs to the turn it becomes knowable at (`memr1.types.knowable_at`, the
+order banks are built in). The state's bank is the paper's temporal bank (`memr1.states.windows`):
+the memories of the `window` turns strictly before the fact's turn, cut out of a *teacher* bank built
+once per conversation over all its facts. The teacher ADDs every fact, so its memories are the
+dataset's facts with their turns as provenance.
 
 Answer states (`AnswerStates`): one per question, with the top memories of each speaker retrieved
 from the conversation's bank.
@@ -28,9 +29,15 @@ from memr1.envs.manager import ManagerState
 from memr1.memory import MemoryView
 from memr1.memory.retrieval import retrieve_memories
 from memr1.states.windows import window_bank
-from memr1.types import Conversation, Question
+from memr1.types import Conversation, MemoryEntry, Question
 
 DEFAULT_CACHE_SIZE = 128
+# Which questions judge a Manager state (`model.questions`):
+# - "fact": those citing the fact's turn (the paper's: the reward asks what the fact is evidence for);
+# - "fact_and_candidates": those too that cite a candidate memory's turns. A candidate is what an UPDATE
+#   or DELETE can change, so an operation that overwrites a memory another question needs pays for it
+#   in its own reward; under "fact" it costs nothing, and a fact no question cites has no state at all.
+STATE_QUESTIONS = ("fact", "fact_and_candidates")
 
 
 class StateKey(NamedTuple):
@@ -51,12 +58,16 @@ def by_sample_id(conversations: Sequence[Conversation]) -> dict[str, Conversatio
 
 
 class ManagerStates(Dataset[ManagerState]):
-    """One `ManagerState` per (evidence turn of a question of `conversations`, fact of that turn).
+    """One `ManagerState` per (evidence turn of a question of `conversations`, fact of that turn); with
+    `questions="fact_and_candidates"`, per fact (in dialogue order) that some question judges.
 
     bank_for(conversation_id): the conversation's opened teacher bank, built over all its facts
         (`build_teacher_banks`); asked once per conversation, when its first state is built.
     window: turns before the fact's turn whose facts the state's bank holds (the paper: 24 or 50).
     num_candidates: memories shown to the Manager (Mem0: 5).
+    questions: which questions judge a state (`STATE_QUESTIONS`). "fact_and_candidates" finds every
+        fact's candidates when the dataset is made (one search per fact; the teacher banks are fetched
+        then), since whether a fact has a state depends on them.
 
     Evidence turns with no fact are skipped and counted in `skipped_turns`; questions with no evidence
     give no state. `keys` lists the states: conversations in the given order, turns in dialogue order.
@@ -69,7 +80,10 @@ class ManagerStates(Dataset[ManagerState]):
         window: int = 50,
         num_candidates: int = 5,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        questions: str = "fact",
     ) -> None:
+        if questions not in STATE_QUESTIONS:
+            raise ValueError(f"ManagerStates.questions: {questions!r} is not one of {STATE_QUESTIONS}")
         if window < 1:
             raise ValueError(f"ManagerStates.window: must be >= 1, got {window}")
         if num_candidates < 0:
@@ -80,9 +94,8 @@ class ManagerStates(Dataset[ManagerState]):
         self._conversations = by_sample_id(conversations)
         self._positions = {cid: c.turn_positions() for cid, c in self._conversations.items()}
         self._facts = {cid: c.facts_by_turn() for cid, c in self._conversations.items()}
-        self._questions: dict[tuple[str, str], list[Question]] = {}  # (conversation, turn) -> questions
+        self._questions: dict[StateKey, list[Question]] = {}
         self._teachers: dict[str, MemoryView] = {}
-        self.keys: list[StateKey] = []
         self.skipped_turns = 0
         for cid, conversation in self._conversations.items():
             positions = self._positions[cid]
@@ -95,11 +108,22 @@ class ManagerStates(Dataset[ManagerState]):
                             "is no turn of the conversation"
                         )
                     asking.setdefault(dia_id, []).append(question)
-            for dia_id in sorted(asking, key=positions.__getitem__):
-                self._questions[(cid, dia_id)] = asking[dia_id]
-                facts = self._facts[cid].get(dia_id, [])
-                self.skipped_turns += not facts
-                self.keys.extend(StateKey(cid, dia_id, index) for index in range(len(facts)))
+            if questions == "fact":
+                for dia_id in sorted(asking, key=positions.__getitem__):
+                    facts = self._facts[cid].get(dia_id, [])
+                    self.skipped_turns += not facts
+                    for index in range(len(facts)):
+                        self._questions[StateKey(cid, dia_id, index)] = asking[dia_id]
+            else:
+                self.skipped_turns += sum(dia_id not in self._facts[cid] for dia_id in asking)
+                for dia_id in sorted(self._facts[cid], key=positions.__getitem__):
+                    for index in range(len(self._facts[cid][dia_id])):
+                        _, candidates = self._bank_and_candidates(StateKey(cid, dia_id, index))
+                        cited = [dia_id, *(turn for memory in candidates for turn in memory.provenance)]
+                        judging = list(dict.fromkeys(q for turn in cited for q in asking.get(turn, ())))
+                        if judging:
+                            self._questions[StateKey(cid, dia_id, index)] = judging
+        self.keys: list[StateKey] = list(self._questions)  # conversations in the given order, turns in dialogue order
         self._state = functools.lru_cache(maxsize=cache_size)(self._build)
 
     def __len__(self) -> int:
@@ -111,19 +135,24 @@ class ManagerStates(Dataset[ManagerState]):
         return self._state(index)
 
     def _build(self, index: int) -> ManagerState:
-        cid, dia_id, fact_index = self.keys[index]
-        fact = self._facts[cid][dia_id][fact_index]
-        positions = self._positions[cid]
-        bank = window_bank(self._teacher(cid), positions, positions[dia_id], self.window)
-        candidates = bank.search(fact.text, speaker=fact.speaker, k=self.num_candidates) if self.num_candidates else []
+        key = self.keys[index]
+        bank, candidates = self._bank_and_candidates(key)
         return ManagerState(
-            fact=fact,
-            conversation_id=cid,
-            speakers=self._conversations[cid].speakers,
+            fact=self._facts[key.conversation_id][key.dia_id][key.fact_index],
+            conversation_id=key.conversation_id,
+            speakers=self._conversations[key.conversation_id].speakers,
             bank=bank,
             candidates=candidates,
-            questions=list(self._questions[(cid, dia_id)]),
+            questions=list(self._questions[key]),
         )
+
+    def _bank_and_candidates(self, key: StateKey) -> tuple[MemoryView, list[MemoryEntry]]:
+        """The state's window bank and the fact's speaker's memories in it most similar to the fact."""
+        fact = self._facts[key.conversation_id][key.dia_id][key.fact_index]
+        positions = self._positions[key.conversation_id]
+        bank = window_bank(self._teacher(key.conversation_id), positions, positions[key.dia_id], self.window)
+        candidates = bank.search(fact.text, speaker=fact.speaker, k=self.num_candidates) if self.num_candidates else []
+        return bank, candidates
 
     def _teacher(self, conversation_id: str) -> MemoryView:
         teacher = self._teachers.get(conversation_id)
