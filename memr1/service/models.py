@@ -207,8 +207,8 @@ def text_model(
 ) -> TextModel | None:
     """A model from a spec: None (no model), "openai:URL#MODEL" (an endpoint), else a local
     `name_or_path` with an optional trained `adapter`, computing in `precision` (auto: bf16 where the
-    machine has bf16 units) and decoding a lone request `prompt_lookup` draft tokens a forward. `models` caches by spec, so the Manager and the Answer Agent share one copy
-    of the same weights."""
+    machine has bf16 units) and decoding a lone request `prompt_lookup` draft tokens a forward.
+    `models` caches by spec, so the Manager and the Answer Agent share one copy of the same weights."""
     if spec is None:
         return None
     key = f"{spec}|{adapter}"
