@@ -53,6 +53,7 @@ SCHEDULES = CONFIG_DIR / "pipeline"
 #: A stage's `script` (the paper's command it runs) and the app that is that command.
 APPS = {"train.py": "memr1.apps.train", "evaluate.py": "memr1.apps.evaluate"}
 SCRIPTS = tuple(APPS)
+STAGE_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a directory name, and a `{name}` that str.format reads whole
 STAGE_CONFIG = "stage"  # <root>/<stage>/stage.yaml: the stage's config, composed by the schedule
 
 log = logging.getLogger("memr1.pipeline")
@@ -102,6 +103,11 @@ def load_schedule(
         where = f"{path}: stages[{position}]"
         if not isinstance(stage, dict) or "name" not in stage or stage.get("script") not in SCRIPTS:
             raise ValueError(f"{where}: a stage needs a name and a script ({' or '.join(SCRIPTS)})")
+        if not STAGE_NAME.fullmatch(str(stage["name"])):
+            raise ValueError(
+                f"{where}: the stage name {stage['name']!r} may hold only letters, digits, '-' and '_' "
+                "(it names the stage's directory and its {placeholder} in later stages' arguments)"
+            )
         if any(stage["name"] == earlier.name for earlier in stages):
             raise ValueError(f"{where}: the stage name {stage['name']!r} is used twice")
         own = tuple(str(arg) for arg in stage.get("args", []))

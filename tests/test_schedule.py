@@ -50,6 +50,9 @@ def test_schedule_errors_name_the_file_and_stage(tmp_path):
     path.write_text("stages:\n  - {name: a, script: train.py}\n  - {name: a, script: evaluate.py}\n")
     with pytest.raises(ValueError, match=r"bad.yaml: stages\[1\]: the stage name 'a' is used twice"):
         load_schedule(str(path))
+    path.write_text("stages:\n  - {name: sft-weighed-1.5, script: train.py}\n")
+    with pytest.raises(ValueError, match=r"stages\[0\]: the stage name 'sft-weighed-1.5' may hold only letters"):
+        load_schedule(str(path))
     path.write_text("stages:\n  - {name: a, script: run.py}\n")
     with pytest.raises(ValueError, match=r"stages\[0\]: a stage needs a name and a script"):
         load_schedule(str(path))
