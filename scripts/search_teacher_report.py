@@ -34,6 +34,7 @@ from memr1.data_modules.rl_states import RLStatesDataModule  # noqa: E402
 from memr1.envs.manager import ManagerState  # noqa: E402
 from machine import machine_info, print_machine  # noqa: E402  (benchmarks/machine.py)
 from memr1.factories import build_env, build_trajectories  # noqa: E402
+from memr1.pipeline.decisions import citation_key  # noqa: E402
 from memr1.search_teacher import OPERATIONS  # noqa: E402
 
 
@@ -94,10 +95,7 @@ def main() -> None:
 def taught_by_category(chosen: list[dict], states: list[ManagerState]) -> dict[str, dict[str, int]]:
     """The taught operations counted per category of the questions citing the state's fact, keyed "1",
     "1+3" or "none"."""
-    categories = {
-        (s.conversation_id, tuple(s.fact.dia_ids)): "+".join(map(str, sorted({q.category for q in s.questions if set(q.evidence) & set(s.fact.dia_ids)}))) or "none"
-        for s in states
-    }
+    categories = {(s.conversation_id, tuple(s.fact.dia_ids)): citation_key(s.questions, s.fact.dia_ids) for s in states}
     table: dict[str, Counter] = {}
     for row in chosen:
         table.setdefault(categories[row["conversation_id"], tuple(row["dia_ids"])], Counter())[row["details"]["operation"]] += 1

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from memr1.banks.build import OPERATION_KINDS, memory_items
-from memr1.types import Conversation
+from memr1.types import Conversation, Question
 
 DECISIONS = "decisions.jsonl"
 
@@ -111,10 +111,15 @@ def by_citation(decisions: dict[tuple[str, int], str], conversations: Sequence[C
         if conversation_id not in facts or not 0 <= item < len(facts[conversation_id][1]):
             raise ValueError(f"decisions: conversation {conversation_id!r} item {item} is no fact of the data given")
         conversation, items = facts[conversation_id]
-        turns = set(items[item].dia_ids)
-        cited = sorted({question.category for question in conversation.questions if turns & set(question.evidence)})
-        table.setdefault("+".join(map(str, cited)) or "none", Counter())[event] += 1
+        table.setdefault(citation_key(conversation.questions, items[item].dia_ids), Counter())[event] += 1
     return {key: {event: counts.get(event, 0) for event in OPERATION_KINDS} for key, counts in sorted(table.items())}
+
+
+def citation_key(questions: Iterable[Question], turns: Iterable[str]) -> str:
+    """The sorted categories of the `questions` whose evidence holds one of `turns`, joined by "+"
+    ("1", "1+3"), or "none"."""
+    turns = set(turns)
+    return "+".join(map(str, sorted({question.category for question in questions if turns & set(question.evidence)}))) or "none"
 
 
 def citation_markdown(name: str, table: dict[str, dict[str, int]]) -> str:

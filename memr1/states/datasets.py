@@ -96,6 +96,8 @@ class ManagerStates(Dataset[ManagerState]):
         self._facts = {cid: c.facts_by_turn() for cid, c in self._conversations.items()}
         self._questions: dict[StateKey, list[Question]] = {}
         self._teachers: dict[str, MemoryView] = {}
+        # fact_and_candidates: the searches that decided which facts have states, kept for their states
+        self._candidates: dict[StateKey, list[MemoryEntry]] = {}
         self.skipped_turns = 0
         for cid, conversation in self._conversations.items():
             positions = self._positions[cid]
@@ -118,11 +120,13 @@ class ManagerStates(Dataset[ManagerState]):
                 self.skipped_turns += sum(dia_id not in self._facts[cid] for dia_id in asking)
                 for dia_id in sorted(self._facts[cid], key=positions.__getitem__):
                     for index in range(len(self._facts[cid][dia_id])):
-                        _, candidates = self._bank_and_candidates(StateKey(cid, dia_id, index))
+                        key = StateKey(cid, dia_id, index)
+                        _, candidates = self._bank_and_candidates(key)
                         cited = [dia_id, *(turn for memory in candidates for turn in memory.provenance)]
                         judging = list(dict.fromkeys(q for turn in cited for q in asking.get(turn, ())))
                         if judging:
-                            self._questions[StateKey(cid, dia_id, index)] = judging
+                            self._questions[key] = judging
+                            self._candidates[key] = candidates
         self.keys: list[StateKey] = list(self._questions)  # conversations in the given order, turns in dialogue order
         self._state = functools.lru_cache(maxsize=cache_size)(self._build)
 
@@ -151,7 +155,9 @@ class ManagerStates(Dataset[ManagerState]):
         fact = self._facts[key.conversation_id][key.dia_id][key.fact_index]
         positions = self._positions[key.conversation_id]
         bank = window_bank(self._teacher(key.conversation_id), positions, positions[key.dia_id], self.window)
-        candidates = bank.search(fact.text, speaker=fact.speaker, k=self.num_candidates) if self.num_candidates else []
+        candidates = self._candidates.get(key)
+        if candidates is None:
+            candidates = bank.search(fact.text, speaker=fact.speaker, k=self.num_candidates) if self.num_candidates else []
         return bank, candidates
 
     def _teacher(self, conversation_id: str) -> MemoryView:
