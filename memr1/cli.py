@@ -136,20 +136,25 @@ def _print_summary(summary: dict[str, Any]) -> None:
 def _configure_knowledge_update(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("data/knowledge_update.json"), help="where to write it (default: where conf/data/knowledge_update.yaml reads it)")
     parser.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0, the set conf/data/knowledge_update.yaml names)")
+    from memr1.datasets.knowledge_update import DEFAULT_KINDS, KINDS
+
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(DEFAULT_KINDS),
+                        help=f"the kinds of change told (default: {' '.join(DEFAULT_KINDS)}, the set of record; "
+                        "conf/data/knowledge_update_dropped.yaml reads all four from data/knowledge_update_dropped.json)")
 
 
 def _run_knowledge_update(args: argparse.Namespace) -> int:
     from memr1.datasets.knowledge_update import write
     from memr1.datasets.locomo import parse_locomo
 
-    write(args.out, args.seed)
+    write(args.out, args.seed, kinds=args.kinds)
     conversations = parse_locomo(args.out, exclude_categories=()).conversations
     by_split: dict[str, list[int]] = {}
     for conversation in conversations:
         split = conversation.sample_id.split("-")[1]
         by_split.setdefault(split, []).append(len(conversation.questions))
     sizes = ", ".join(f"{split}: {len(counts)} conversations, {sum(counts)} questions" for split, counts in by_split.items())
-    print(f"wrote {args.out} (seed {args.seed}): {sizes}")
+    print(f"wrote {args.out} (seed {args.seed}, kinds {' '.join(args.kinds)}): {sizes}")
     return 0
 
 

@@ -11,7 +11,11 @@ Each conversation is two people talking over five sessions, two weeks apart. Eac
 - accumulated (category 3, "accumulated"): a second dog, another language (UPDATE merges); the answer
   names both;
 - or left as it was (category 4, "unchanged"), sometimes restated ("I still live in Oslo": NONE), where
-  a Manager that deletes too eagerly loses the answer.
+  a Manager that deletes too eagerly loses the answer;
+- dropped (category 6, "dropped": LoCoMo's loader reads 5 as adversarial; only in a set that asks for
+  the kind, `kinds`): one of two things held at once ends (two charities given to, one stopped); the
+  answer names the one left. Here DELETE is what pays: with the ended memory removed, the other is what
+  retrieval finds, where ADD keeps both; a cancelled question's "No" was right from any bank.
 
 Unrelated chatter (a meal, the weather) is told between them and never asked about. Questions ask for
 the current state. The file is LoCoMo's format (`session_N`, `session_N_date_time`, `observation`
@@ -21,6 +25,10 @@ agents, the metrics and `memr1 compare` run on it unchanged; `SPEC` names its ca
 Splits are by template family and by entity: every family (its phrasings, question and values), person
 name and chatter line belongs to one split, so no test template or name is seen in training. Sample ids are
 `ku-{split}-{NN}`; `memr1/conf/data/knowledge_update.yaml` lists them.
+
+`generate(kinds=...)` picks the kinds of change; the default, `DEFAULT_KINDS`, is the set of record
+(`data=knowledge_update`: every knowledge-update row so far), whose bytes a kind added later leaves
+unchanged; `data=knowledge_update_dropped` adds the dropped kind.
 
 Limits: synthetic English from templates, one fact per turn, no turns that are not facts (LoCoMo's
 small talk), changes stated explicitly ("I moved to ..."), two values per accumulation, dates that
@@ -43,8 +51,11 @@ from memr1.datasets.registry import DatasetSpec
 SPLITS = ("train", "validation", "test")
 CONVERSATIONS = {"train": 40, "validation": 20, "test": 32}  # questions: 640, 120, 320
 SESSIONS = 5
-CATEGORY_NAMES = {1: "replaced", 2: "cancelled", 3: "accumulated", 4: "unchanged"}
-REPLACED, CANCELLED, ACCUMULATED, UNCHANGED = 1, 2, 3, 4
+CATEGORY_NAMES = {1: "replaced", 2: "cancelled", 3: "accumulated", 4: "unchanged", 6: "dropped"}
+REPLACED, CANCELLED, ACCUMULATED, UNCHANGED, DROPPED = 1, 2, 3, 4, 6  # 5 is LoCoMo's adversarial
+KINDS = ("replaced", "cancelled", "accumulated", "dropped")  # of change; each a category of its own
+DEFAULT_KINDS = ("replaced", "cancelled", "accumulated")  # the set of record (data=knowledge_update)
+_CATEGORY_OF_KIND = {"replaced": REPLACED, "cancelled": CANCELLED, "accumulated": ACCUMULATED, "dropped": DROPPED}
 
 
 @dataclass(frozen=True)
@@ -52,8 +63,9 @@ class Family:
     """One kind of fact and how it is told, changed and asked about. `{name}` is the speaker in the
     third person, `{value}` the first value, `{new}` the value after the change.
 
-    kind: "replaced", "cancelled" or "accumulated"; split: the one split whose conversations use it
-    (so its values, phrasings and question belong to that split alone); values: where values come from."""
+    kind: one of `KINDS`; split: the one split whose conversations use it (so its values, phrasings and
+    question belong to that split alone); values: where values come from. A dropped family tells a
+    second thing held beside the first (`also`, `also_fact`: `{new}`), and its change ends the first."""
 
     name: str
     kind: str
@@ -68,6 +80,14 @@ class Family:
     question: str
     answer: str = "{new}"  # the current state after a change; unchanged: `unchanged_answer`
     unchanged_answer: str = "{value}"
+    also: str = ""
+    also_fact: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"family {self.name}: kind {self.kind!r}; expected one of {KINDS}")
+        if (self.kind == "dropped") != bool(self.also and self.also_fact):
+            raise ValueError(f"family {self.name}: `also` and `also_fact` are told by a dropped family, and only by one")
 
 
 _CITIES = ("Oslo", "Lisbon", "Denver", "Kyoto", "Nairobi", "Montreal", "Tallinn", "Porto", "Austin", "Hobart",
@@ -97,6 +117,12 @@ _LANGUAGES = ("French", "German", "Italian", "Japanese", "Korean", "Arabic", "Sw
               "Greek", "Turkish", "Hindi", "Finnish", "Czech", "Hebrew")
 _INSTRUMENTS = ("guitar", "piano", "violin", "cello", "drums", "flute", "trumpet", "banjo", "harp", "ukulele",
                 "saxophone", "clarinet")
+_CAUSES = ("food bank", "animal shelter", "public library", "children's hospital", "community garden",
+           "soup kitchen", "literacy program", "beach cleanup", "youth center", "city museum")
+_SERVICES = ("Netflix", "Hulu", "Disney+", "HBO Max", "Apple TV", "Paramount+", "Peacock", "Crunchyroll", "Mubi", "Tidal")
+_WORKOUTS = ("yoga", "pilates", "spin", "zumba", "boxing", "aerobics", "barre", "kickboxing", "aqua fit", "circuit")
+_CHARITIES = ("Oxfam", "UNICEF", "Red Cross", "WWF", "Greenpeace", "Amnesty International", "Save the Children",
+              "Habitat for Humanity", "CARE", "Direct Relief")
 _PLANTS = ("basil", "tomatoes", "roses", "tulips", "mint", "peppers", "lavender", "ferns", "orchids", "sunflowers",
            "strawberries", "cacti")
 
@@ -162,6 +188,27 @@ FAMILIES: tuple[Family, ...] = (
            "I planted {new} next to my {value}.", "{name} grows {new} as well as {value}.",
            "The {value} are thriving.", "{name}'s {value} are thriving.",
            "What does {name} grow on the balcony?", answer="{value} and {new}", unchanged_answer="{value}"),
+    # dropped (DEFAULT_KINDS leaves them out)
+    Family("volunteering", "dropped", "train", _CAUSES, "I started volunteering at the {value}.", "{name} volunteers at the {value}.",
+           "I stopped volunteering at the {value}.", "{name} stopped volunteering at the {value}.",
+           "Another shift at the {value} today.", "{name} still volunteers at the {value}.",
+           "Where does {name} volunteer now?", answer="{new}", unchanged_answer="{value} and {new}",
+           also="I'm volunteering at the {new} too now.", also_fact="{name} also volunteers at the {new}."),
+    Family("streaming", "dropped", "train", _SERVICES, "I pay for {value} every month.", "{name} pays for {value}.",
+           "I stopped paying for {value}; I never watched it.", "{name} stopped paying for {value}.",
+           "Watched a whole series on {value} this weekend.", "{name} still pays for {value}.",
+           "Which streaming services does {name} pay for now?", answer="{new}", unchanged_answer="{value} and {new}",
+           also="I signed up for {new} as well.", also_fact="{name} also pays for {new}."),
+    Family("workouts", "dropped", "validation", _WORKOUTS, "I go to a {value} class at the gym.", "{name} goes to a {value} class.",
+           "I don't go to {value} class any more.", "{name} stopped going to the {value} class.",
+           "{value} class was tough today.", "{name} still goes to the {value} class.",
+           "Which gym classes does {name} go to now?", answer="{new}", unchanged_answer="{value} and {new}",
+           also="I added a {new} class to my week.", also_fact="{name} also goes to a {new} class."),
+    Family("charities", "dropped", "test", _CHARITIES, "I give to {value} every month.", "{name} donates to {value} monthly.",
+           "I stopped my donations to {value}.", "{name} stopped donating to {value}.",
+           "Sent this month's donation to {value}.", "{name} still donates to {value}.",
+           "Which charities does {name} donate to now?", answer="{new}", unchanged_answer="{value} and {new}",
+           also="I set up a monthly gift to {new} as well.", also_fact="{name} also donates to {new} monthly."),
 )
 
 _NAMES = ("Ana", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kira", "Leo", "Mara", "Nico",
@@ -204,17 +251,23 @@ class _Session:
     facts: dict[str, list[list[str]]]
 
 
-def generate(seed: int = 0, conversations: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
-    """The set as LoCoMo samples, `conversations[split]` of each split (default `CONVERSATIONS`)."""
+def generate(
+    seed: int = 0, conversations: Mapping[str, int] | None = None, kinds: Sequence[str] = DEFAULT_KINDS
+) -> list[dict[str, Any]]:
+    """The set as LoCoMo samples, `conversations[split]` of each split (default `CONVERSATIONS`), with
+    the families of `kinds` (each person one thread per family of the split)."""
     counts = dict(CONVERSATIONS if conversations is None else conversations)
     unknown = set(counts) - set(SPLITS)
     if unknown:
         raise ValueError(f"conversations: unknown splits {sorted(unknown)}; expected some of {SPLITS}")
+    unknown = set(kinds) - set(KINDS)
+    if unknown or not kinds:
+        raise ValueError(f"kinds: {sorted(unknown) or 'none'}; expected some of {KINDS}")
     names = split_pool(_NAMES, seed)
     chatter = split_pool([str(index) for index in range(len(_CHATTER))], seed)
     samples = []
     for split in SPLITS:
-        families = [family for family in FAMILIES if family.split == split]
+        families = [family for family in FAMILIES if family.split == split and family.kind in kinds]
         for number in range(counts.get(split, 0)):
             rng = random.Random(f"{seed}:{split}:{number}")
             speakers = rng.sample(names[split], 2)
@@ -247,14 +300,19 @@ def _conversation(
             fields = {"name": speaker, "value": value, "new": new}
             told_in = rng.randrange(0, 2)
             changed = rng.random() < 0.7
-            evidence = [say(told_in, speaker, family.told.format(**fields), family.fact.format(**fields))]
+            told = [say(told_in, speaker, family.told.format(**fields), family.fact.format(**fields))]
+            if family.kind == "dropped":  # the second thing held, told before either can end
+                told_in = rng.randrange(told_in + 1, SESSIONS - 1)
+                told.append(say(told_in, speaker, family.also.format(**fields), family.also_fact.format(**fields)))
             if changed:
                 changed_in = rng.randrange(told_in + 1, SESSIONS)
                 change = say(changed_in, speaker, family.changed.format(**fields), family.changed_fact.format(**fields))
-                evidence = evidence + [change] if family.kind == "accumulated" else [change]
-                category = {"replaced": REPLACED, "cancelled": CANCELLED, "accumulated": ACCUMULATED}[family.kind]
-                answer = family.answer.format(**fields)
+                # What the answer rests on: both values (accumulated), the one left and the end of the
+                # other (dropped), the change alone (replaced, cancelled).
+                evidence = {"accumulated": told + [change], "dropped": told[1:] + [change]}.get(family.kind, [change])
+                category, answer = _CATEGORY_OF_KIND[family.kind], family.answer.format(**fields)
             else:
+                evidence = told
                 category, answer = UNCHANGED, family.unchanged_answer.format(**fields)
                 if rng.random() < 0.5:  # told again, unchanged: nothing for the Manager to write
                     restated_in = rng.randrange(told_in + 1, SESSIONS)
@@ -273,9 +331,11 @@ def _conversation(
     return {"sample_id": sample_id, "conversation": conversation, "observation": observation, "qa": qa}
 
 
-def write(path: str | Path, seed: int = 0, conversations: Mapping[str, int] | None = None) -> dict[str, list[str]]:
+def write(
+    path: str | Path, seed: int = 0, conversations: Mapping[str, int] | None = None, kinds: Sequence[str] = DEFAULT_KINDS
+) -> dict[str, list[str]]:
     """Write the set to `path` (LoCoMo JSON); returns the sample ids of each split."""
-    samples = generate(seed, conversations)
+    samples = generate(seed, conversations, kinds)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(samples, indent=1))
@@ -288,5 +348,6 @@ SPEC = DatasetSpec(
     categories=CATEGORY_NAMES,
     categories_source="memr1's generator (memr1/datasets/knowledge_update.py)",
     locomo_format=True,
-    missing_file="Write it with `memr1 knowledge-update` (seed 0, the set memr1/conf/data/knowledge_update.yaml reads).",
+    missing_file="Write it with `memr1 knowledge-update` (seed 0): the exact command is in the comment of the data config "
+    "that names this path (memr1/conf/data/knowledge_update*.yaml).",
 )
