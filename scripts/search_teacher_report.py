@@ -79,6 +79,11 @@ def main() -> None:
                            "mean_margin_when_better": statistics.fmean([d for d in ds if d > 0]) if any(d > 0 for d in ds) else 0.0}
                       for op, ds in beats.items()},
         "all_tied": sum(len(set(r["details"]["scores"].values())) == 1 for r in chosen),
+        # Per operation: in how many states, not taught, its best instance scored as high as the taught
+        # option (beaten by the tie rule: the earlier option, or the fact kept over the fact dropped).
+        "as_good_as_taught": {op: sum(r["details"]["operation"] != op and (best := best_of(r, op)) is not None
+                                      and best >= r["details"]["scores"][label(r)] for r in chosen)
+                              for op in OPERATIONS},
         # Per category of the questions that cite the fact's turn ("1+3": questions of both; "none": a
         # fact judged only by its candidates' questions, model.questions=fact_and_candidates), what is
         # taught: whether the operation follows from what kind of fact it is.
