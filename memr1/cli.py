@@ -430,7 +430,7 @@ SUBCOMMANDS: list[Subcommand] = [
     ),
     Subcommand(
         name="knowledge-update",
-        help="write the synthetic knowledge-update set (facts replaced, cancelled, accumulated) in LoCoMo's format",
+        help="write the synthetic knowledge-update set (facts replaced, cancelled, accumulated; dropped with --kinds) in LoCoMo's format",
         configure=_configure_knowledge_update,
         run=_run_knowledge_update,
     ),
