@@ -18,6 +18,7 @@ from memr1.cli import main
 from memr1.datasets.knowledge_update import (
     ACCUMULATED,
     CANCELLED,
+    DEFAULT_KINDS,
     DROPPED,
     FAMILIES,
     KINDS,
@@ -63,7 +64,7 @@ def family_of(question: str):
 
 def test_the_same_seed_writes_the_same_file_and_another_seed_another(tmp_path, written):
     name, path = written
-    kinds = KINDS if name == "knowledge_update_dropped" else ("replaced", "cancelled", "accumulated")
+    kinds = KINDS if name == "knowledge_update_dropped" else DEFAULT_KINDS
     write(tmp_path / "again.json", seed=0, kinds=kinds)
     assert (tmp_path / "again.json").read_bytes() == path.read_bytes()
     assert generate(seed=1, conversations={"test": 2}) != generate(seed=0, conversations={"test": 2})

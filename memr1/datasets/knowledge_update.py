@@ -53,9 +53,10 @@ CONVERSATIONS = {"train": 40, "validation": 20, "test": 32}  # questions: 640, 1
 SESSIONS = 5
 CATEGORY_NAMES = {1: "replaced", 2: "cancelled", 3: "accumulated", 4: "unchanged", 6: "dropped"}
 REPLACED, CANCELLED, ACCUMULATED, UNCHANGED, DROPPED = 1, 2, 3, 4, 6  # 5 is LoCoMo's adversarial
-KINDS = ("replaced", "cancelled", "accumulated", "dropped")  # of change; each a category of its own
+# The kinds of change, each the category of its changed threads (an unchanged thread is UNCHANGED).
+_CATEGORY_OF_KIND = {name: category for category, name in CATEGORY_NAMES.items() if category != UNCHANGED}
+KINDS = tuple(_CATEGORY_OF_KIND)
 DEFAULT_KINDS = ("replaced", "cancelled", "accumulated")  # the set of record (data=knowledge_update)
-_CATEGORY_OF_KIND = {"replaced": REPLACED, "cancelled": CANCELLED, "accumulated": ACCUMULATED, "dropped": DROPPED}
 
 
 @dataclass(frozen=True)
