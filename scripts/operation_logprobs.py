@@ -19,6 +19,7 @@ import json
 import os
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -59,17 +60,17 @@ def main() -> None:
     env = build_env(cfg)
     taught = _taught_operations(args.taught) if args.taught else None
     if taught is None:
-        picked = order[: args.states]
-    else:
+        picked = [(state, None) for state in order[: args.states]]
+    else:  # (state, the operation taught there), up to --states of each operation
         per_operation: dict[str, list] = {}
         for state in order:
             operation = taught.get(prompt_digest(env.prompt(state)))
             if operation is not None and len(per_operation.setdefault(operation, [])) < args.states:
-                per_operation[operation].append(state)
-        picked = [state for group in per_operation.values() for state in group]
+                per_operation[operation].append((state, operation))
+        picked = [pair for group in per_operation.values() for pair in group]
     policy, tokenizer = frozen_policy(cfg.backbone.name_or_path, "float32", cfg.manager.ckpt)
     rows = []
-    for state in picked:
+    for state, operation in picked:
         found = options(state)
         replies = [tokenizer(o.reply, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for o in found]
         (prompt,) = encode_prompts(tokenizer, [env.prompt(state)])
@@ -79,8 +80,8 @@ def main() -> None:
         sequence = (logprobs * batch.response_mask).sum(-1)
         others = {t: 1.0 - float(torch.softmax(sequence / t, 0).max()) for t in TEMPERATURES}
         row = {"logprobs": dict(zip(map(label, found), [round(x, 2) for x in sequence.tolist()])), "others_share": others}
-        if taught is not None:
-            row["taught"] = taught[prompt_digest(env.prompt(state))]
+        if operation is not None:
+            row["taught"] = operation
             row["likeliest"] = found[int(sequence.argmax())].operation
         rows.append(row)
     summary = {str(t): statistics.fmean(r["others_share"][t] for r in rows) for t in TEMPERATURES}
@@ -101,11 +102,10 @@ def _taught_operations(path: Path) -> dict[str, str]:
 
 def _likeliest_by_taught(rows: list[dict]) -> dict[str, dict[str, int]]:
     """Taught operation -> {the policy's likeliest operation: states}."""
-    table: dict[str, dict[str, int]] = {}
+    table: dict[str, Counter[str]] = {}
     for row in rows:
-        counts = table.setdefault(row["taught"], {})
-        counts[row["likeliest"]] = counts.get(row["likeliest"], 0) + 1
-    return table
+        table.setdefault(row["taught"], Counter())[row["likeliest"]] += 1
+    return {taught: dict(counts) for taught, counts in table.items()}
 
 
 if __name__ == "__main__":
