@@ -96,6 +96,13 @@ def options(state: ManagerState) -> list[Option]:
     return found
 
 
+def margins_over_add(found: Sequence[Option], margin: float, drop_factor: float) -> list[float]:
+    """What each option must beat ADD's score by to displace it (`SearchManagerTeacher.choose`'s rule):
+    nothing for ADD, `margin` for an option that keeps the fact, `drop_factor` x `margin` for one that
+    stores none of it (NONE, DELETE)."""
+    return [0.0 if option.operation == "ADD" else margin if option.keeps_fact else drop_factor * margin for option in found]
+
+
 def add_variants(state: ManagerState) -> list[str]:
     """ADD replies of the same fact in trivially different forms (no information changed), the probes
     of the answerer's own variation; scored where an ADD stores its reply's text (`add_text="model"`)."""
@@ -142,9 +149,8 @@ class SearchManagerTeacher:
         noise = max((abs(score - add_score) for score in variant_scores), default=0.0)
         margin = max(self.min_margin, noise)
         chosen, best = found[1], add_score
-        for option, score in zip(found, scores):
-            needed = add_score + (margin if option.keeps_fact else self.drop_factor * margin)
-            if score > needed and score > best:
+        for option, score, needed in zip(found, scores, margins_over_add(found, margin, self.drop_factor)):
+            if score > add_score + needed and score > best:
                 chosen, best = option, score
         return SearchChoice(chosen, {label(o): s for o, s in zip(found, scores)}, add_score, noise, margin)
 

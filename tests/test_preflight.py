@@ -133,6 +133,8 @@ def test_counterfactual_credit_with_a_group_baseline_is_refused(tmp_path):
         (["algo=grpo", "algo.operation_temperature=10"], "algo=grpo does not use algo.operation_temperature: it samples its responses"),
         (["model=manager", "teacher=search", "algo=enumerated_projection", "algo.set_mass_coef=1.0"],
          "algo.operation_objective=projection: its target already weighs the reward against the reference"),
+        (["algo=grpo", "algo.change_margin=1"], "algo=grpo does not use algo.change_margin: it samples its responses"),
+        (["model=manager", "teacher=search", "algo=enumerated_projection", "algo.change_margin=-1"], "algo.change_margin: must be >= 0, got -1"),
         (["model=manager", "teacher=search", "algo=enumerated", "algo.operation_objective=argmax"],
          "algo.operation_objective: 'argmax' is not one of ('expected', 'projection')"),
         (["algo=ppo", "algo.kl_in_reward=true"], "algo=ppo does not use algo.kl_in_reward: it has no KL term (verl's PPO)"),

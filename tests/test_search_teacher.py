@@ -155,18 +155,25 @@ class CountingReader(RuleReader):
         return super().generate(prompts, sampling, trunk_depth)
 
 
-@pytest.mark.parametrize("objective", ["expected", "projection"])
-def test_the_enumerated_gradient_makes_the_merge_a_tiny_manager_ranks_last_its_likeliest_reply(bank, tmp_path, objective):
+# With change_margin 1 the rewards are the search's rule's: a merge that beats ADD by 0.5 is worth less
+# than ADD where the margin is 0.6, as the search would teach ADD; the margin alone changes nothing.
+@pytest.mark.parametrize(("objective", "min_margin", "change_margin", "winner"), [
+    ("expected", 0.1, 0.0, "merge"), ("projection", 0.1, 0.0, "merge"), ("projection", 0.6, 0.0, "merge"), ("projection", 0.6, 1.0, "ADD"),
+])
+def test_the_enumerated_gradient_makes_the_merge_a_tiny_manager_ranks_last_its_likeliest_reply(
+    bank, tmp_path, objective, min_margin, change_margin, winner
+):
     dogs = state(bank, [DOGS])
     merge = f"MERGE:{[c.text for c in dogs.candidates].index(BUDDY)}"
     reader = CountingReader()
-    search = teacher(reader)
+    search = teacher(reader, min_margin=min_margin)
     tokenizer = load_tokenizer("embedded:smollm2-135m-instruct")
     # The random model's replies differ by hundreds of nats (mostly their lengths): flattened by T = 300
     # every operation gets a share of the push (`core.enumerated_objective`). The projection's target
     # (`core.enumerated_projection`, beta 0.1) weighs the merge's 0.5 over ADD at 5 nats against the
     # reference's ~1 (355 / 300): the merge takes most of it.
-    algo = AlgoConfig(name="enumerated", actor_lr=3e-3, kl_coef=0.0, operation_temperature=300.0, operation_objective=objective)
+    algo = AlgoConfig(name="enumerated", actor_lr=3e-3, kl_coef=0.0, operation_temperature=300.0, operation_objective=objective,
+                      change_margin=change_margin)
     module = ManagerEnumeratedModule(tiny_causal_lm(tokenizer), tokenizer, search.env, algo, max_new_tokens=96,
                                      reference=tiny_causal_lm(tokenizer) if objective == "projection" else None,
                                      trajectories=TeacherTrajectories(search, tmp_path / "manager-search.jsonl"))
@@ -188,8 +195,13 @@ def test_the_enumerated_gradient_makes_the_merge_a_tiny_manager_ranks_last_its_l
     trainer.fit(module, train_dataloaders=DataLoader([dogs], batch_size=1, collate_fn=list))
     after, reward_after = policy_over_operations()
     # F1 by hand as above: the merge 1.0, ADD 0.5. The random policy gives the merge less than ADD (by
-    # 355 nats); ten steps make it the likeliest of the eight replies.
-    assert before[merge] < before["ADD"] and max(after, key=after.get) == merge and reward_after > reward_before
+    # 355 nats); ten steps make it the likeliest of the eight replies, or, where the search's margin
+    # (0.6 over ADD's 0.5) is charged, leave it below ADD and widen the gap.
+    assert before[merge] < before["ADD"]
+    if winner == "merge":
+        assert max(after, key=after.get) == merge and reward_after > reward_before
+    else:
+        assert max(after, key=after.get) == "ADD" and after["ADD"] - after[merge] > before["ADD"] - before[merge]
     assert reader.answered == answered_by_the_search  # every step read the search's scores, asked nothing
     metrics = module.last_step.metrics
     assert sum(metrics[f"ops/{kind}_frac"] for kind in ("add", "update", "delete", "noop")) == pytest.approx(1.0)

@@ -14,7 +14,9 @@ DELETE (docs/cpu_lift.md). Here nothing is sampled. One step, per state of the b
    less the KL, less what the operations' total probability lost below the reference's (in log); or,
    with `algo.operation_objective=projection`, `core.enumerated_projection`: the operations' likelihood
    weighed by the KL-regularised best policy q* (reference x exp(R / beta)); its gradient, accumulated
-   over the batch's states, is one clipped optimiser step.
+   over the batch's states, is one clipped optimiser step. With `algo.change_margin` > 0 each reward is
+   first lowered by that many times what the search's rule asks the operation to beat ADD by
+   (`margins_over_add`): where every option answers alike, ADD is worth the most, as the teacher has it.
 
 A reply longer than the Manager's `max_new_tokens` is left out: the policy cannot say it. The step logs
 the probability each kind of operation holds (`ops/*_frac`, GRPO's keys: what sampling would draw, in
@@ -37,7 +39,7 @@ from memr1.modules.manager import ManagerRLModule
 from memr1.modules.outputs import StepOutput
 from memr1.rl import core
 from memr1.rl.batch import RolloutBatch, pack_rollouts, response_logprobs
-from memr1.search_teacher import OPERATIONS, Option, SearchManagerTeacher, label, options
+from memr1.search_teacher import OPERATIONS, Option, SearchManagerTeacher, label, margins_over_add, options
 from memr1.teachers import TeacherTrajectories
 
 # The search's operations under the names GRPO's operation mix logs (`ManagerRLModule.extra_metrics`).
@@ -52,24 +54,29 @@ class ManagerEnumeratedModule(ManagerRLModule):
         if not isinstance(trajectories.teacher, SearchManagerTeacher):
             raise ValueError("algo=enumerated: the operations' rewards come from teacher=search")
         self.trajectories = trajectories
+        self.search: SearchManagerTeacher = trajectories.teacher
         self._projection = self.algo.operation_objective == "projection"
 
     def training_step(self, states: list[ManagerState], batch_idx: int) -> dict[str, StepOutput]:
         self.stage_seconds.clear()
         prompts = [self.env.prompt(state) for state in states]
         with self.stage_seconds.timing("reward"):
-            scores = [details["scores"] for details in self.trajectories.details(states, prompts)]
+            searched = self.trajectories.details(states, prompts)
         optimizer = self._optimizers()[0]
         mass: Counter[str] = Counter()
         stats: Counter[str] = Counter()
         with self.stage_seconds.timing("update"), self.compute_precision():
-            for state, prompt_ids, state_scores in zip(states, encode_prompts(self.tokenizer, prompts), scores):
+            for state, prompt_ids, details in zip(states, encode_prompts(self.tokenizer, prompts), searched):
                 raise_if_requested()  # before the optimizer step nothing has changed: a stop loses nothing
+                state_scores = details["scores"]
                 found, batch = self._operations(state, prompt_ids, state_scores)
                 stats["too_long"] += len(options(state)) - len(found)
                 if not found:
                     continue
-                rewards = batch.scores.float()
+                scored = batch.scores.float()
+                rewards = scored - self.algo.change_margin * scored.new_tensor(
+                    margins_over_add(found, details["margin"], self.search.drop_factor)
+                )
                 reference = None
                 if self.algorithm.uses_reference(self.algo):
                     with torch.no_grad(), self._reference() as frozen:
@@ -95,9 +102,9 @@ class ManagerEnumeratedModule(ManagerRLModule):
                     mass[option.operation] += probability
                 stats["states"] += 1
                 stats["options"] += len(found)
-                stats["spread"] += float(rewards.max() > rewards.min())
-                stats["expected"] += float(result.expected_reward)
-                stats["best"] += float(rewards.max())
+                stats["spread"] += float(scored.max() > scored.min())
+                stats["expected"] += float((result.probs * scored).sum())  # as scored, before change_margin
+                stats["best"] += float(scored.max())
                 stats["add"] += state_scores["ADD"]
                 stats["set_mass"] += float(result.set_mass)
                 stats["kl"] += float(result.kl)
