@@ -160,7 +160,7 @@ class CountingReader(RuleReader):
 @pytest.mark.parametrize(("objective", "min_margin", "change_margin", "winner"), [
     ("expected", 0.1, 0.0, "merge"), ("projection", 0.1, 0.0, "merge"), ("projection", 0.6, 0.0, "merge"), ("projection", 0.6, 1.0, "ADD"),
 ])
-def test_the_enumerated_gradient_makes_the_merge_a_tiny_manager_ranks_last_its_likeliest_reply(
+def test_the_enumerated_gradient_makes_the_operation_its_rewards_favour_a_tiny_managers_likeliest_reply(
     bank, tmp_path, objective, min_margin, change_margin, winner
 ):
     dogs = state(bank, [DOGS])
