@@ -16,10 +16,11 @@ import dataclasses
 import hashlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -33,7 +34,9 @@ from memr1.banks.build import memory_items
 from memr1.banks.policies import AddAllPolicy
 from memr1.banks.recipe import BankRecipe, LazyPolicy, open_or_build_banks
 from memr1.states.datasets import AnswerStates, ManagerStates, StateKey
-from memr1.states.order import StepBatches, batch_indices, pass_permutation
+from memr1.states.order import (
+    IndexedStates, StepBatches, batch_indices, check_weights, kind_balanced_weights, pass_permutation, weighted_batch_indices,
+)
 from memr1.states.windows import in_window
 from memr1.embed import Embedder
 from memr1.envs import AnswerState, ManagerState
@@ -229,15 +232,49 @@ def test_ddp_ranks_split_every_batch(conversations, teachers) -> None:
         StepBatches(states, batch_size=4, seed=0, steps=range(2), shard=(0, 5))
 
 
+def test_each_kind_is_drawn_in_proportion_to_its_size_to_the_alpha() -> None:
+    kinds = ["add", "add", "add", "delete"]
+    # By hand: alpha 0.5, add's share sqrt(3) / (sqrt(3) + 1) = 0.6340 over 3 states, delete's 0.3660.
+    assert kind_balanced_weights(kinds, 0.5) == pytest.approx([0.2113, 0.2113, 0.2113, 0.3660], abs=1e-4)
+    assert kind_balanced_weights(kinds, 1.0) == pytest.approx([0.25] * 4)  # every state alike
+    assert kind_balanced_weights(kinds, 0.0) == pytest.approx([1 / 6, 1 / 6, 1 / 6, 1 / 2])  # every kind alike
+    with pytest.raises(ValueError, match="alpha must be in"):
+        kind_balanced_weights(kinds, 1.5)
+
+
+def test_weighted_batches_draw_by_weight_and_repeat_by_seed_and_step() -> None:
+    weights = np.array([0.5, 0.25, 0.25, 0.0])
+    batches = [weighted_batch_indices(step, weights, 2, seed=3) for step in range(200)]
+    assert batches == [weighted_batch_indices(step, weights, 2, seed=3) for step in range(200)]
+    assert batches != [weighted_batch_indices(step, weights, 2, seed=4) for step in range(200)]
+    assert all(len(set(batch)) == 2 and 3 not in batch for batch in batches)
+    # One state a step: each state's share of 4,000 draws is its weight (binomial sd 0.008 for 0.5).
+    draws = np.bincount([weighted_batch_indices(step, weights, 1, seed=0)[0] for step in range(4000)], minlength=4) / 4000
+    assert draws == pytest.approx(weights, abs=0.03)
+    with pytest.raises(ValueError, match="the 3 states of positive weight"):
+        weighted_batch_indices(0, weights, 4, seed=0)
+    assert check_weights([2.0, 1.0, 1.0], 3, 2) == pytest.approx([0.5, 0.25, 0.25])
+    for bad, match in [([1.0, 1.0], "one per training state \\(3\\)"), ([1.0, -1.0, 1.0], "finite and >= 0"),
+                       ([1.0, 0.0, 0.0], "1 states have a positive weight, fewer than the 2")]:
+        with pytest.raises(ValueError, match=match):
+            check_weights(bad, 3, 2)
+
+
 class Recorder(LightningModule):
     """Records the manager states of each batch; takes one optimizer step per batch, as memr1's
-    modules do (`memr1.lightning_loop`)."""
+    modules do (`memr1.lightning_loop`). weigh: handed to the data module before fitting, as the
+    enumerated Manager hands it the search's taught kinds."""
 
-    def __init__(self) -> None:
+    def __init__(self, weigh: Callable[[IndexedStates], np.ndarray] | None = None) -> None:
         super().__init__()
+        self.weigh = weigh
         self.automatic_optimization = False
         self.weights = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(1))])
         self.seen: list[list[tuple[str, str]]] = []
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.weigh is not None:
+            self.trainer.datamodule.weigh_training_states(self.weigh)
 
     def transfer_batch_to_device(self, batch: list[ManagerState], device: torch.device, dataloader_idx: int) -> list:
         # As memr1.modules does: states are Python objects holding bank views; Lightning's default
@@ -256,12 +293,14 @@ class Recorder(LightningModule):
         return [torch.optim.SGD([weight], lr=0.1) for weight in self.weights]
 
 
-def fit(tmp_path: Path, embedder: Embedder, ckpt_path: Path | None = None) -> list:
+def fit(
+    tmp_path: Path, embedder: Embedder, ckpt_path: Path | None = None, weigh: Callable[[IndexedStates], np.ndarray] | None = None
+) -> list:
     """Train a Recorder for 6 batches (checkpoints every 3) and return the batches it saw."""
     data = RLStatesDataModule(
         locomo_args(), "manager", RECIPE, tmp_path, window=2, batch_size=3, seed=7, embedder=embedder,
     )
-    module = Recorder()
+    module = Recorder(weigh)
     trainer = Trainer(
         max_steps=6,
         accelerator="cpu",
@@ -287,6 +326,23 @@ def test_resumed_training_sees_the_batches_of_an_unbroken_run(tmp_path: Path, em
     checkpoint = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
     assert checkpoint.is_file()
     resumed = fit(tmp_path, embedder, ckpt_path=checkpoint)
+    assert resumed == unbroken[3:]
+
+
+def test_states_drawn_by_weight_resume_as_they_were_drawn(tmp_path: Path, embedder: Embedder) -> None:
+    never: list[tuple[str, str]] = []
+
+    def weigh(states: IndexedStates) -> np.ndarray:
+        """mini-1's 4 manager states: the first never drawn, the second 4 times as often as each other."""
+        assert len(states) == 4
+        never.append((states[0].fact.dia_ids[-1], states[0].fact.text))
+        return np.array([0.0, 4.0, 1.0, 1.0])
+
+    unbroken = fit(tmp_path, embedder, weigh=weigh)
+    # Three states of positive weight and batches of 3: every batch holds exactly those, in drawn order.
+    assert never[0] not in unbroken[0] and all(sorted(batch) == sorted(unbroken[0]) for batch in unbroken)
+    assert len({tuple(batch) for batch in unbroken}) > 1  # the order is drawn anew each step
+    resumed = fit(tmp_path, embedder, ckpt_path=tmp_path / "ckpt" / "epoch=0-step=3.ckpt", weigh=weigh)
     assert resumed == unbroken[3:]
 
 

@@ -6,6 +6,7 @@ memory names both."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -233,3 +234,24 @@ def test_the_oracle_builds_a_bank_with_the_search_of_the_questions_it_is_scored_
         oracle.decide(["conv-x"], [stranger], [[]], [bank])
     with pytest.raises(ValueError, match="the conversation 'conv-z' is not one of those"):
         oracle.decide(["conv-z"], [facts[2]], [[]], [bank])
+
+
+def test_states_are_weighed_by_the_kind_of_operation_the_search_teaches_there(bank, tmp_path):
+    """algo.taught_sampling_alpha: the dogs state is taught a MERGE (an UPDATE), the hikes state a DELETE
+    (both by hand above); at alpha 0 each kind gets half the draws, shared by its states."""
+    dogs = state(bank, [DOGS])
+    # The cache is keyed by the Manager's prompt, which shows no question: the hikes state lists its
+    # candidates in the other order, so that it is a prompt of its own.
+    hikes = dataclasses.replace(dogs, candidates=dogs.candidates[::-1], questions=[HIKES])
+    search = teacher(RuleReader())
+    tokenizer = load_tokenizer("embedded:smollm2-135m-instruct")
+    algo = AlgoConfig(name="enumerated", kl_coef=0.0, operation_objective="projection", taught_sampling_alpha=0.0)
+    module = ManagerEnumeratedModule(tiny_causal_lm(tokenizer), tokenizer, search.env, algo, max_new_tokens=96,
+                                     reference=tiny_causal_lm(tokenizer),
+                                     trajectories=TeacherTrajectories(search, tmp_path / "manager-search.jsonl"))
+    assert module.taught_kind_weights([dogs, hikes, dogs]) == pytest.approx([0.25, 0.5, 0.25])
+    # A data module that cannot draw by weight is refused before the first step, not trained uniformly.
+    trainer = Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False)
+    with pytest.raises(ValueError, match="algo.taught_sampling_alpha=0.0: the data module .* cannot draw its training states by weight"):
+        trainer.fit(module, train_dataloaders=DataLoader([dogs], batch_size=1, collate_fn=list))

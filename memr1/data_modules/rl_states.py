@@ -4,7 +4,7 @@ recipe (`memr1.banks.recipe`), states (`memr1.states.datasets`) and the step-ind
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +25,7 @@ from memr1.factories import ModelCache, answer_config, banks_config, manager_con
 from memr1.memory import MemoryBank
 from memr1.progress import progress_bar
 from memr1.states.datasets import AnswerStates, ManagerStates, collate_states
-from memr1.states.order import StepBatches, batch_indices
+from memr1.states.order import IndexedStates, StepBatches, check_weights, step_indices
 
 AGENTS = ("manager", "answer")
 
@@ -45,12 +45,13 @@ class RLStatesDataModule(LightningDataModule):
     window, num_candidates, questions: of `ManagerStates`; k_per_speaker: memories per speaker for answer states.
     batch_size: states per training step (all ranks together); val_batch_size: states per validation
         batch and rank.
-    seed: of the training order (`batch_indices`).
+    seed: of the training order (`step_indices`).
     max_steps: the last batch step (exclusive) when no trainer with `max_steps` is attached.
 
     `train_dataloader()` yields the batches of steps [start, stop): start from the attached trainer's
     global step (a resumed run continues with the batch the interrupted one was about to take), stop
-    from `trainer.max_steps`. Banks are opened in `setup` and closed in `teardown`; once built they serve
+    from `trainer.max_steps`; by the uniform passes of `memr1.states.order`, or by weight once
+    `weigh_training_states` was called (the enumerated Manager's `algo.taught_sampling_alpha`). Banks are opened in `setup` and closed in `teardown`; once built they serve
     reads from this process, so DDP ranks and other runs share one Lite file (each waits up to
     `lock_wait_s` while another builds or loads it). Under DDP each rank takes its share of every batch.
     """
@@ -116,6 +117,7 @@ class RLStatesDataModule(LightningDataModule):
         self._open = ExitStack()
         self.train_states: ManagerStates | AnswerStates | None = None
         self.val_states: ManagerStates | AnswerStates | None = None
+        self.train_weights: np.ndarray | None = None  # each training state's draw probability; None: uniform passes
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> RLStatesDataModule:
@@ -196,6 +198,14 @@ class RLStatesDataModule(LightningDataModule):
         self._open = ExitStack()
         self.banks = {}
         self.train_states = self.val_states = None
+        self.train_weights = None
+
+    def weigh_training_states(self, weigh: Callable[[IndexedStates], Sequence[float] | np.ndarray]) -> None:
+        """Draw the training states by weight from now on: `weigh(states)`, one weight per training
+        state (`memr1.states.order.check_weights`), each batch `weighted_batch_indices`. Call it after
+        `setup`, before `train_dataloader`."""
+        states = self._loaded(self.train_states)
+        self.train_weights = check_weights(weigh(states), len(states), self.batch_size)
 
     def probe_states(self, count: int) -> list[Any]:
         """`count` training states drawn once with a fixed seed: the probe set the RL module scores
@@ -220,7 +230,7 @@ class RLStatesDataModule(LightningDataModule):
 
     def batch_indices(self, step: int) -> list[int]:
         """The training state indices of batch step `step`, all ranks together (for logging)."""
-        return batch_indices(step, self.num_states, self.batch_size, self.seed)
+        return step_indices(step, self.num_states, self.batch_size, self.seed, self.train_weights)
 
     def step_range(self) -> range:
         """The batch steps `train_dataloader()` yields now: [start, stop), see the class docstring."""
@@ -239,7 +249,9 @@ class RLStatesDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         states = self._loaded(self.train_states)
-        batches = StepBatches(states, self.batch_size, self.seed, self.step_range(), self.batch_step, self._shard())
+        batches = StepBatches(
+            states, self.batch_size, self.seed, self.step_range(), self.batch_step, self._shard(), weights=self.train_weights
+        )
         return DataLoader(batches, batch_size=None, num_workers=0, collate_fn=collate_states)
 
     def val_dataloader(self) -> DataLoader:

@@ -18,6 +18,12 @@ DELETE (docs/cpu_lift.md). Here nothing is sampled. One step, per state of the b
    first lowered by that many times what the search's rule asks the operation to beat ADD by
    (`margins_over_add`): where every option answers alike, ADD is worth the most, as the teacher has it.
 
+With `algo.taught_sampling_alpha` < 1 the training states are not drawn uniformly: each is labelled by
+the kind of operation the search teaches there, and the rare kinds (13 DELETE among 1,070 states on
+the dropped set) are drawn more often (`memr1.states.order.kind_balanced_weights`). Each state's own
+objective is unchanged; the batch's mean weighs the states by how often they are drawn, so `reward/*`
+describes the drawn states, not the uniform set (validation stays uniform).
+
 A reply longer than the Manager's `max_new_tokens` is left out: the policy cannot say it. The step logs
 the probability each kind of operation holds (`ops/*_frac`, GRPO's keys: what sampling would draw, in
 expectation) and the states whose operations' rewards differ (`enum/states_with_spread`).
@@ -25,9 +31,11 @@ expectation) and the states whose operations' rewards differ (`enum/states_with_
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -40,10 +48,13 @@ from memr1.modules.outputs import StepOutput
 from memr1.rl import core
 from memr1.rl.batch import RolloutBatch, pack_rollouts, response_logprobs
 from memr1.search_teacher import OPERATIONS, Option, SearchManagerTeacher, label, margins_over_add, options
+from memr1.states.order import IndexedStates, WeighableStates, kind_balanced_weights
 from memr1.teachers import TeacherTrajectories
 
 # The search's operations under the names GRPO's operation mix logs (`ManagerRLModule.extra_metrics`).
 OP_KIND = {"NONE": "noop", "ADD": "add", "MERGE": "update", "REPLACE": "update", "DELETE": "delete"}
+
+log = logging.getLogger(__name__)
 
 
 class ManagerEnumeratedModule(ManagerRLModule):
@@ -56,6 +67,37 @@ class ManagerEnumeratedModule(ManagerRLModule):
         self.trajectories = trajectories
         self.search: SearchManagerTeacher = trajectories.teacher
         self._projection = self.algo.operation_objective == "projection"
+
+    def setup(self, stage: str) -> None:
+        """Before fitting, with `algo.taught_sampling_alpha` < 1: the data module draws its training
+        states by `taught_kind_weights`."""
+        if stage != "fit" or self.algo.taught_sampling_alpha == 1.0:
+            return
+        data = self.trainer.datamodule if self.trainer is not None else None
+        if not isinstance(data, WeighableStates):
+            raise ValueError(
+                f"algo.taught_sampling_alpha={self.algo.taught_sampling_alpha}: the data module "
+                f"({type(data).__name__}) cannot draw its training states by weight (it has no weigh_training_states)"
+            )
+        data.weigh_training_states(self.taught_kind_weights)
+
+    def taught_kind_weights(self, states: IndexedStates) -> np.ndarray:
+        """Each training state's draw probability `(len(states),)`: `kind_balanced_weights` of the kind
+        of operation the search teaches there (ADD, UPDATE, DELETE, NONE), at `algo.taught_sampling_alpha`.
+        A state the cache lacks is searched here, once, as training would search it."""
+        loaded: list[ManagerState] = [states[index] for index in range(len(states))]
+        taught = self.trajectories.details(loaded, [self.env.prompt(state) for state in loaded])
+        kinds = [OP_KIND[details["operation"]] for details in taught]
+        weights = kind_balanced_weights(kinds, self.algo.taught_sampling_alpha)
+        shares: Counter[str] = Counter()
+        for kind, weight in zip(kinds, weights):
+            shares[kind] += float(weight)
+        log.info(
+            "training states drawn by the search's taught kind (alpha %s): %s",
+            self.algo.taught_sampling_alpha,
+            ", ".join(f"{kind} {count} states, {shares[kind]:.1%} of draws" for kind, count in Counter(kinds).most_common()),
+        )
+        return weights
 
     def training_step(self, states: list[ManagerState], batch_idx: int) -> dict[str, StepOutput]:
         self.stage_seconds.clear()

@@ -92,6 +92,7 @@ class AlgoConfig:
     operation_objective: str = "expected"  # algo=enumerated: "expected" (the gradient of E_q[R]) or "projection" (toward q*)
     projection_beta: float = 0.1        # algo=enumerated, projection: q* = softmax(log q_ref / T + R / beta)
     change_margin: float = 0.0          # algo=enumerated: each operation's reward less this x what it must beat ADD by under the search's rule
+    taught_sampling_alpha: float = 1.0  # algo=enumerated: the search's taught kinds drawn in proportion to their states ** alpha (1: uniform)
     # algo=sft on the Manager: each teacher target's weight in the loss by its operation (OPERATION_NAMES; unnamed: 1)
     operation_weights: dict[str, float] = field(default_factory=dict)
     filter_groups: FilterGroups = field(default_factory=FilterGroups)
@@ -196,7 +197,7 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
 
 
 _SAMPLES = "it samples its responses; the objective over enumerated operations is algo=enumerated's"
-ENUMERATED_KEYS = {key: _SAMPLES for key in ("operation_temperature", "set_mass_coef", "operation_objective", "projection_beta", "change_margin")}
+ENUMERATED_KEYS = {key: _SAMPLES for key in ("operation_temperature", "set_mass_coef", "operation_objective", "projection_beta", "change_margin", "taught_sampling_alpha")}
 _NO_CRITIC = "it has no critic (PPO's)"
 CRITIC_KEYS = {key: _NO_CRITIC for key in ("critic_lr", "value_clip", "gamma", "lam")}
 _ONE_SAMPLE = "it samples one response per state and has no group"
@@ -351,6 +352,8 @@ class Enumerated(Algorithm):
             raise ValueError(f"algo.set_mass_coef: must be >= 0, got {algo.set_mass_coef}")
         if algo.change_margin < 0:
             raise ValueError(f"algo.change_margin: must be >= 0, got {algo.change_margin}")
+        if not 0 <= algo.taught_sampling_alpha <= 1:
+            raise ValueError(f"algo.taught_sampling_alpha: must be in [0, 1] (1 draws states uniformly, 0 every taught kind alike), got {algo.taught_sampling_alpha}")
         if algo.operation_objective not in OPERATION_OBJECTIVES:
             raise ValueError(f"algo.operation_objective: {algo.operation_objective!r} is not one of {OPERATION_OBJECTIVES}")
         if algo.operation_objective == "projection":
