@@ -27,6 +27,22 @@ TRAINED_DIR_ENV = "MEMR1_TRAINED_DIR"
 CARD_FILE = "card.json"
 # In a LoRA export trained from a warm start: {"init": the warm start's path, or a shipped trained:NAME}.
 WARM_START_FILE = "warm_start.json"
+# A warm start inside a schedule's root, as its archive keeps it (memr1.stage_archive): "{root}/sft/policy/last".
+ROOT_PLACEHOLDER = "{root}"
+
+
+def warm_start_of(export: Path) -> str | None:
+    """What the LoRA export `export` was trained on top of (its `warm_start.json`), None if nothing. An
+    archived export names a stage of its own schedule as `{root}/STAGE/policy/NAME`; the export itself
+    sits at ROOT/STAGE/policy/NAME, so that root is its third parent, and the chain holds in the archive
+    as in a run root."""
+    pointer = export / WARM_START_FILE
+    if not pointer.is_file():
+        return None
+    init = str(json.loads(pointer.read_text())["init"])
+    if init.startswith(ROOT_PLACEHOLDER + "/"):
+        return str(export.resolve().parents[2] / init.removeprefix(ROOT_PLACEHOLDER + "/"))
+    return init
 
 
 def trained_root() -> Path:

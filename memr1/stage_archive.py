@@ -37,7 +37,7 @@ from memr1.pipeline.compare import PREDICTIONS
 from memr1.pipeline.decisions import DECISIONS
 from memr1.pipeline.report_file import REPORT_FILE
 from memr1.provenance import code_version
-from memr1.shipped import WARM_START_FILE, is_shipped
+from memr1.shipped import ROOT_PLACEHOLDER, WARM_START_FILE, is_shipped
 
 DONE = "STAGE_DONE"
 UNFINISHED = "STAGE_UNFINISHED"  # a training stage kept mid-run: {"checkpoint": its file, "step": N}
@@ -51,8 +51,6 @@ PREDICTION_FIELDS = ("qid", "conversation_id", "prediction", "category", "format
                      "selected_ids", "distill_recall", "distill_precision", "evidence_retrieved", "scores")
 # Joined back from the dataset's question of the same qid.
 QUESTION_FIELDS = {"question": "question", "gold": "answer", "evidence": "evidence"}
-# A warm-start pointer inside the run root, as the record keeps it: "{root}/answer-sft/policy/last".
-ROOT_PLACEHOLDER = "{root}"
 
 
 def read_done(stage_dir: Path) -> dict[str, Any]:

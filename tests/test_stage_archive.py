@@ -117,6 +117,9 @@ def test_a_training_record_keeps_the_named_exports_and_their_chain_wherever_the_
     assert kept == [DONE, "csv/metrics.csv", "curves.json", "policy/best/adapter_config.json",
                     "policy/best/adapter_model.safetensors", "policy/best/warm_start.json"]
     assert json.loads((record / "policy/best/warm_start.json").read_text()) == {"init": "{root}/sft/policy/last"}
+    # Read from the archive itself (a clean clone, nothing restored), the chain resolves inside it.
+    assert checkpoint_chain(record / "policy" / "best") == [(tmp_path / "results" / "sft" / "policy" / "last").resolve(),
+                                                            record / "policy" / "best"]
 
     moved = tmp_path / "another" / "clone" / "runs"
     for name in ("sft", "grpo"):

@@ -25,7 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from memr1.llm.cache import atomic_directory, cache_root
-from memr1.shipped import WARM_START_FILE, is_shipped, shipped_path
+from memr1.shipped import WARM_START_FILE, is_shipped, shipped_path, warm_start_of
 
 EMBEDDED_PREFIX = "embedded:"
 
@@ -223,8 +223,8 @@ def checkpoint_chain(adapter: str | os.PathLike[str]) -> list[Path]:
                 "nor a full Hugging Face checkpoint (config.json)"
             )
         chain.insert(0, current)
-        pointer = current / WARM_START_FILE
-        current = shipped_path(json.loads(pointer.read_text())["init"]) if pointer.is_file() else None
+        init = warm_start_of(current)
+        current = None if init is None else shipped_path(init)
     return chain
 
 
