@@ -55,6 +55,7 @@ APPS = {"train.py": "memr1.apps.train", "evaluate.py": "memr1.apps.evaluate"}
 SCRIPTS = tuple(APPS)
 STAGE_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a directory name, and a `{name}` that str.format reads whole
 STAGE_CONFIG = "stage"  # <root>/<stage>/stage.yaml: the stage's config, composed by the schedule
+COMMAND_LINE = "#   python "  # heads stage.yaml's second line: the command line it was composed from
 
 log = logging.getLogger("memr1.pipeline")
 
@@ -176,13 +177,23 @@ def stage_arguments(schedule: Schedule, stage: Stage) -> list[str]:
     return resolve_stage(schedule, stage)[0]
 
 
+def stage_command(directory: Path) -> str | None:
+    """The command line the stage run in `directory` was composed from, as `prepare_stage` wrote it
+    atop its `stage.yaml` ("python train.py KEY=VALUE ..."); None for a run outside a pipeline."""
+    config = directory / f"{STAGE_CONFIG}.yaml"
+    if not config.is_file():
+        return None
+    lines = [line for line in config.read_text().splitlines() if line.startswith(COMMAND_LINE)]
+    return lines[0].removeprefix("#").strip() if lines else None
+
+
 def prepare_stage(schedule: Schedule, stage: Stage) -> tuple[list[str], list[str]]:
     """Compose the stage and write its config to `<root>/<stage>/stage.yaml`; its overrides
     (`resolve_stage`) and its command line: its app in a fresh interpreter, reading that file."""
     args, config = resolve_stage(schedule, stage)
     directory = schedule.root / stage.name
     directory.mkdir(parents=True, exist_ok=True)
-    header = f"# memr1 pipeline {schedule.name}, stage {stage.name}: composed from\n#   python {stage.script} {' '.join(args)}\n"
+    header = f"# memr1 pipeline {schedule.name}, stage {stage.name}: composed from\n{COMMAND_LINE}{stage.script} {' '.join(args)}\n"
     (directory / f"{STAGE_CONFIG}.yaml").write_text(header + OmegaConf.to_yaml(config))
     return args, [sys.executable, "-m", APPS[stage.script], "--config-dir", str(directory.resolve()), "--config-name", STAGE_CONFIG]
 

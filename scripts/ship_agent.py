@@ -26,6 +26,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from memr1.schedule import stage_command
 from memr1.shipped import CARD_FILE, TRAINED_PREFIX, WARM_START_FILE, shipped_path, trained_root
 from memr1.pipeline.compare import compare_runs, read_predictions
 from memr1.pipeline.report_file import EvalReport
@@ -107,9 +110,14 @@ def train_summary(train_run: Path | None, command: str) -> dict[str, Any]:
     summary: dict[str, Any] = {"command": command}
     if train_run is None:
         return summary
-    overrides = train_run / ".hydra" / "overrides.yaml"  # what the command set; the config is the commit's
+    # What the command set; the config is the commit's. A pipeline stage is composed from its schedule's
+    # overrides into stage.yaml (Hydra's own list is then empty): the command line it was composed from.
+    composed_from = stage_command(train_run)
+    if composed_from is not None:
+        summary["composed_from"] = composed_from
+    overrides = train_run / ".hydra" / "overrides.yaml"
     if overrides.is_file():
-        summary["overrides"] = overrides.read_text().splitlines()
+        summary["overrides"] = [str(override) for override in OmegaConf.load(overrides)]
     curves = train_run / "curves.json"
     if curves.is_file():
         series = json.loads(curves.read_text())["train"].values()

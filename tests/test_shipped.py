@@ -63,6 +63,8 @@ def test_a_shipped_chain_loads_by_name_exactly_as_the_run_exports(backbone, tmp_
     sft_run = tmp_path / "sft"
     (sft_run / ".hydra").mkdir()
     (sft_run / ".hydra" / "overrides.yaml").write_text("- algo=sft\n")
+    # A pipeline stage: the command line stage.yaml was composed from heads it (memr1.schedule.prepare_stage).
+    (sft_run / "stage.yaml").write_text("# memr1 pipeline lift, stage sft: composed from\n#   python train.py algo=sft data_loader.max_steps=30\nseed: 0\n")
     (sft_run / "curves.json").write_text(json.dumps({"train": {"loss": [[1, 0.9], [30, 0.1]]}}))
     shipped = ship(root, "--name", "sft", "--export", str(sft), "--eval", str(base_eval), "--train-run", str(sft_run), *common)
     assert shipped.returncode == 0, shipped.stderr
@@ -78,12 +80,13 @@ def test_a_shipped_chain_loads_by_name_exactly_as_the_run_exports(backbone, tmp_
     again = ship(root, "--name", "sft", "--export", str(sft), "--eval", str(base_eval), *common)
     assert again.returncode != 0 and "--replace" in again.stderr
     # Re-scored (a new --eval) after its train run is gone: the card keeps how that adapter was trained.
-    for path in (sft_run / "curves.json", sft_run / ".hydra" / "overrides.yaml"):
+    for path in (sft_run / "curves.json", sft_run / ".hydra" / "overrides.yaml", sft_run / "stage.yaml"):
         path.unlink()
     rescored = ship(root, "--name", "sft", "--export", str(sft), "--eval", str(rl_eval), "--replace", *common)
     assert rescored.returncode == 0, rescored.stderr
     sft_card = json.loads((root / "sft" / "card.json").read_text())
-    assert sft_card["trained"] == {"command": "python train.py ...", "overrides": ["- algo=sft"], "steps": 30}
+    assert sft_card["trained"] == {"command": "python train.py ...", "composed_from": "python train.py algo=sft data_loader.max_steps=30",
+                                   "overrides": ["algo=sft"], "steps": 30}
     assert sft_card["evaluation"]["scores"]["f1"] == pytest.approx(200 / 3)
 
     monkeypatch.setenv(TRAINED_DIR_ENV, str(root))
