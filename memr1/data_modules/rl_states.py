@@ -51,9 +51,10 @@ class RLStatesDataModule(LightningDataModule):
     `train_dataloader()` yields the batches of steps [start, stop): start from the attached trainer's
     global step (a resumed run continues with the batch the interrupted one was about to take), stop
     from `trainer.max_steps`; by the uniform passes of `memr1.states.order`, or by weight once
-    `weigh_training_states` was called (the enumerated Manager's `algo.taught_sampling_alpha`). Banks are opened in `setup` and closed in `teardown`; once built they serve
-    reads from this process, so DDP ranks and other runs share one Lite file (each waits up to
-    `lock_wait_s` while another builds or loads it). Under DDP each rank takes its share of every batch.
+    `weigh_training_states` was called (the enumerated Manager's `algo.taught_sampling_alpha`). Banks
+    are opened in `setup` and closed in `teardown`; once built they serve reads from this process, so
+    DDP ranks and other runs share one Lite file (each waits up to `lock_wait_s` while another builds or
+    loads it). Under DDP each rank takes its share of every batch.
     """
 
     def __init__(

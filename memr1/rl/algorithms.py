@@ -353,7 +353,10 @@ class Enumerated(Algorithm):
         if algo.change_margin < 0:
             raise ValueError(f"algo.change_margin: must be >= 0, got {algo.change_margin}")
         if not 0 <= algo.taught_sampling_alpha <= 1:
-            raise ValueError(f"algo.taught_sampling_alpha: must be in [0, 1] (1 draws states uniformly, 0 every taught kind alike), got {algo.taught_sampling_alpha}")
+            raise ValueError(
+                f"algo.taught_sampling_alpha: must be in [0, 1] (1 draws states uniformly, 0 every taught kind alike), "
+                f"got {algo.taught_sampling_alpha}"
+            )
         if algo.operation_objective not in OPERATION_OBJECTIVES:
             raise ValueError(f"algo.operation_objective: {algo.operation_objective!r} is not one of {OPERATION_OBJECTIVES}")
         if algo.operation_objective == "projection":
