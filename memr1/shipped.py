@@ -39,9 +39,13 @@ def warm_start_of(export: Path) -> str | None:
     pointer = export / WARM_START_FILE
     if not pointer.is_file():
         return None
-    init = str(json.loads(pointer.read_text())["init"])
+    return resolve_root(str(json.loads(pointer.read_text())["init"]), export.resolve().parents[2])
+
+
+def resolve_root(init: str, root: Path) -> str:
+    """A warm-start pointer with its `{root}/` placeholder, if any, made a path under `root`."""
     if init.startswith(ROOT_PLACEHOLDER + "/"):
-        return str(export.resolve().parents[2] / init.removeprefix(ROOT_PLACEHOLDER + "/"))
+        return str(root.resolve() / init.removeprefix(ROOT_PLACEHOLDER + "/"))
     return init
 
 

@@ -37,7 +37,7 @@ from memr1.pipeline.compare import PREDICTIONS
 from memr1.pipeline.decisions import DECISIONS
 from memr1.pipeline.report_file import REPORT_FILE
 from memr1.provenance import code_version
-from memr1.shipped import ROOT_PLACEHOLDER, WARM_START_FILE, is_shipped
+from memr1.shipped import ROOT_PLACEHOLDER, WARM_START_FILE, is_shipped, resolve_root
 
 DONE = "STAGE_DONE"
 UNFINISHED = "STAGE_UNFINISHED"  # a training stage kept mid-run: {"checkpoint": its file, "step": N}
@@ -209,9 +209,7 @@ def _archive_export(export: Path, target: Path, root: Path) -> None:
 
 
 def _restore_pointer(source: Path, target: Path, root: Path) -> None:
-    init = str(json.loads(source.read_text())["init"])
-    if init.startswith(ROOT_PLACEHOLDER + "/"):
-        init = str(root.resolve() / init.removeprefix(ROOT_PLACEHOLDER + "/"))
+    init = resolve_root(str(json.loads(source.read_text())["init"]), root)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps({"init": init}) + "\n")
 
