@@ -15,6 +15,7 @@ from memr1.rl.core import (
     broadcast_to_tokens,
     compute_gae,
     entropy_from_logits,
+    enumerated_listwise,
     enumerated_objective,
     enumerated_projection,
     explained_variance,
@@ -535,6 +536,54 @@ def test_the_projection_reaches_the_kl_regularised_optimum_from_a_rare_best_arm(
         assert torch.softmax(logits.detach(), dim=0).tolist() == pytest.approx(optimum.tolist(), abs=1e-3)
     # At T 10 the best arm's 30 nats become 3, and a reward margin of 0.5 at beta 0.1 is worth 5: it wins.
     assert float(torch.softmax(reference / 10 + rewards / 0.1, dim=0)[1]) > 0.8
+
+
+def test_the_enumerated_listwise_loss_by_hand():
+    # q_ref = (1/2, 1/2), R = (1, 0), beta 1, T 1: q* = (e, 1) / (e + 1). pi = (0.2, 0.1): the choice
+    # q = (2/3, 1/3), the mass m = 0.3 below the reference's 1. J = sum q* log q (+ c log 0.3), so
+    # dJ/dlog pi = q* - q, and at c = 1, + q: q*, the projection's step without its length division.
+    target = [math.e / (math.e + 1), 1 / (math.e + 1)]
+    choice = [2 / 3, 1 / 3]
+    for set_mass_coef, gradient in [(0.0, [t - c for t, c in zip(target, choice)]), (1.0, target)]:
+        logprobs = torch.tensor([0.2, 0.1]).log().requires_grad_()
+        result = enumerated_listwise(logprobs, torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]).log(), beta=1.0, set_mass_coef=set_mass_coef)
+        result.objective.backward()
+        expected = target[0] * math.log(2 / 3) + target[1] * math.log(1 / 3) + set_mass_coef * math.log(0.3)
+        assert float(result.objective.detach()) == pytest.approx(expected)
+        assert logprobs.grad.tolist() == pytest.approx(gradient)
+        assert float(result.set_mass) == pytest.approx(0.3) and result.probs.tolist() == pytest.approx(choice)
+    # A mass above the reference's (0.3 against 0.2) is not pushed: the step is the choice's alone.
+    logprobs = torch.tensor([0.2, 0.1]).log().requires_grad_()
+    enumerated_listwise(logprobs, torch.tensor([1.0, 0.0]), torch.tensor([0.1, 0.1]).log(), beta=1.0, set_mass_coef=1.0).objective.backward()
+    assert logprobs.grad.tolist() == pytest.approx([t - c for t, c in zip(target, choice)])
+    # Where the choice already is q* and the mass is held, nothing is pushed: q_ref = (1/2, 1/2) and R =
+    # (log 2, 0) at beta 1 make q* = (2/3, 1/3), the choice of pi = (0.2, 0.1).
+    logprobs = torch.tensor([0.2, 0.1]).log().requires_grad_()
+    enumerated_listwise(logprobs, torch.tensor([math.log(2), 0.0]), torch.tensor([0.1, 0.1]).log(), beta=1.0, set_mass_coef=1.0).objective.backward()
+    assert logprobs.grad.tolist() == pytest.approx([0.0, 0.0], abs=1e-7)
+    with pytest.raises(ValueError, match="temperature and beta must be > 0"):
+        enumerated_listwise(logprobs, torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]).log(), beta=0.0)
+    with pytest.raises(ValueError, match="set_mass_coef must be >= 0"):
+        enumerated_listwise(logprobs, torch.tensor([1.0, 0.0]), torch.tensor([0.5, 0.5]).log(), beta=1.0, set_mass_coef=-1.0)
+
+
+def test_the_listwise_loss_reaches_the_kl_regularised_optimum_from_a_rare_best_arm():
+    # The bandit of the projection's test: the policy's choice is pulled to q* = softmax(ref / T + R / beta),
+    # the arm the reference gives e^-30 included. The choice is softmax(logits / T) and the gradient in the
+    # logits (q* - q) / T, so the step is scaled by T^2 to move the choice alike at each T.
+    rewards = torch.tensor([0.5, 1.0, 0.0])
+    reference = torch.log_softmax(torch.tensor([0.0, -30.0, -2.0]), dim=0)
+    for temperature, beta in [(10.0, 0.1), (1.0, 0.05)]:
+        logits = reference.clone().requires_grad_()
+        optimizer = torch.optim.SGD([logits], lr=5.0 * temperature**2)
+        for _ in range(2000):
+            optimizer.zero_grad()
+            logprobs = torch.log_softmax(logits, dim=0)
+            (-enumerated_listwise(logprobs, rewards, reference, beta, temperature).objective).backward()
+            optimizer.step()
+        optimum = torch.softmax(reference / temperature + rewards / beta, dim=0)
+        choice = torch.softmax(torch.log_softmax(logits.detach(), dim=0) / temperature, dim=0)
+        assert choice.tolist() == pytest.approx(optimum.tolist(), abs=1e-3)
 
 
 def test_the_enumerated_kl_by_hand():

@@ -160,6 +160,7 @@ class CountingReader(RuleReader):
 # than ADD where the margin is 0.6, as the search would teach ADD; the margin alone changes nothing.
 @pytest.mark.parametrize(("objective", "min_margin", "change_margin", "winner"), [
     ("expected", 0.1, 0.0, "merge"), ("projection", 0.1, 0.0, "merge"), ("projection", 0.6, 0.0, "merge"), ("projection", 0.6, 1.0, "ADD"),
+    ("listwise", 0.1, 0.0, "merge"), ("listwise", 0.6, 1.0, "ADD"),
 ])
 def test_the_enumerated_gradient_makes_the_operation_its_rewards_favour_a_tiny_managers_likeliest_reply(
     bank, tmp_path, objective, min_margin, change_margin, winner
@@ -176,7 +177,7 @@ def test_the_enumerated_gradient_makes_the_operation_its_rewards_favour_a_tiny_m
     algo = AlgoConfig(name="enumerated", actor_lr=3e-3, kl_coef=0.0, operation_temperature=300.0, operation_objective=objective,
                       change_margin=change_margin)
     module = ManagerEnumeratedModule(tiny_causal_lm(tokenizer), tokenizer, search.env, algo, max_new_tokens=96,
-                                     reference=tiny_causal_lm(tokenizer) if objective == "projection" else None,
+                                     reference=tiny_causal_lm(tokenizer) if objective != "expected" else None,
                                      trajectories=TeacherTrajectories(search, tmp_path / "manager-search.jsonl"))
     (prompt_ids,) = encode_prompts(tokenizer, [search.env.prompt(dogs)])
     (scores,) = [details["scores"] for details in module.trajectories.details([dogs], [search.env.prompt(dogs)])]

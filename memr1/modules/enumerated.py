@@ -13,7 +13,9 @@ DELETE (docs/cpu_lift.md). Here nothing is sampled. One step, per state of the b
 4. `core.enumerated_objective`: the expected reward under the policy renormalised over the operations,
    less the KL, less what the operations' total probability lost below the reference's (in log); or,
    with `algo.operation_objective=projection`, `core.enumerated_projection`: the operations' likelihood
-   weighed by the KL-regularised best policy q* (reference x exp(R / beta)); its gradient, accumulated
+   weighed by the KL-regularised best policy q* (reference x exp(R / beta)); with `listwise`,
+   `core.enumerated_listwise`: the cross-entropy from q* to the policy's choice among the operations,
+   less what their total probability lost below the reference's (in log); its gradient, accumulated
    over the batch's states, is one clipped optimiser step. With `algo.change_margin` > 0 each reward is
    first lowered by that many times what the search's rule asks the operation to beat ADD by
    (`margins_over_add`): where every option answers alike, ADD is worth the most, as the teacher has it.
@@ -66,7 +68,6 @@ class ManagerEnumeratedModule(ManagerRLModule):
             raise ValueError("algo=enumerated: the operations' rewards come from teacher=search")
         self.trajectories = trajectories
         self.search: SearchManagerTeacher = trajectories.teacher
-        self._projection = self.algo.operation_objective == "projection"
 
     def setup(self, stage: str) -> None:
         """Before fitting, with `algo.taught_sampling_alpha` < 1: the data module draws its training
@@ -124,10 +125,15 @@ class ManagerEnumeratedModule(ManagerRLModule):
                     with torch.no_grad(), self._reference() as frozen:
                         reference = self._sequence_logprobs(frozen, batch)
                 logprobs = self._sequence_logprobs(self.policy, batch)
-                if self._projection:
+                if self.algo.operation_objective == "projection":
                     assert reference is not None
                     result = core.enumerated_projection(
                         logprobs, batch.response_mask.sum(dim=-1), rewards, reference, self.algo.projection_beta, self.algo.operation_temperature
+                    )
+                elif self.algo.operation_objective == "listwise":
+                    assert reference is not None
+                    result = core.enumerated_listwise(
+                        logprobs, rewards, reference, self.algo.projection_beta, self.algo.operation_temperature, self.algo.set_mass_coef
                     )
                 else:
                     result = core.enumerated_objective(

@@ -89,8 +89,8 @@ class AlgoConfig:
     reuse_frozen_trunk: bool = True  # the layers below the adapters run once per token (memr1.llm.trunk)
     operation_temperature: float = 1.0  # algo=enumerated: q = softmax(log pi(reply) / T) over a state's operations
     set_mass_coef: float = 0.0          # algo=enumerated: weight of the operations' total probability lost below the reference's
-    operation_objective: str = "expected"  # algo=enumerated: "expected" (the gradient of E_q[R]) or "projection" (toward q*)
-    projection_beta: float = 0.1        # algo=enumerated, projection: q* = softmax(log q_ref / T + R / beta)
+    operation_objective: str = "expected"  # algo=enumerated: "expected" (the gradient of E_q[R]), "projection" or "listwise" (toward q*)
+    projection_beta: float = 0.1        # algo=enumerated, projection and listwise: q* = softmax(log q_ref / T + R / beta)
     change_margin: float = 0.0          # algo=enumerated: each operation's reward less this x what it must beat ADD by under the search's rule
     taught_sampling_alpha: float = 1.0  # algo=enumerated: the search's taught kinds drawn in proportion to their states ** alpha (1: uniform)
     # algo=sft on the Manager: each teacher target's weight in the loss by its operation (OPERATION_NAMES; unnamed: 1)
@@ -305,7 +305,9 @@ class PPO(Algorithm):
         return core.whiten_with_moments(advantages, moments) * mask, returns
 
 
-OPERATION_OBJECTIVES = ("expected", "projection")
+OPERATION_OBJECTIVES = ("expected", "projection", "listwise")
+# The objectives drawn to the KL-regularised best policy q* (`core.enumerated_projection`, `core.enumerated_listwise`).
+TARGET_OBJECTIVES = ("projection", "listwise")
 _NOTHING_SAMPLED = "it samples nothing: every operation of a state is weighed by its probability"
 _EXACT_STEP = "one exact gradient step per batch: no policy ratio, no mini-batches"
 
@@ -339,8 +341,9 @@ class Enumerated(Algorithm):
         return 1
 
     def uses_reference(self, algo: AlgoConfig) -> bool:
-        """Its KL, the set-mass term and the projection's target all read the reference's log-probs."""
-        return algo.kl_coef > 0 or algo.set_mass_coef > 0 or algo.operation_objective == "projection"
+        """Its KL, the set-mass term and q*, the target of the projection and the listwise loss, all read the
+        reference's log-probs."""
+        return algo.kl_coef > 0 or algo.set_mass_coef > 0 or algo.operation_objective in TARGET_OBJECTIVES
 
     def validate(self, algo: AlgoConfig) -> None:
         super().validate(algo)
@@ -359,14 +362,19 @@ class Enumerated(Algorithm):
             )
         if algo.operation_objective not in OPERATION_OBJECTIVES:
             raise ValueError(f"algo.operation_objective: {algo.operation_objective!r} is not one of {OPERATION_OBJECTIVES}")
-        if algo.operation_objective == "projection":
+        if algo.operation_objective in TARGET_OBJECTIVES:
             if algo.projection_beta <= 0:
                 raise ValueError(f"algo.projection_beta: must be > 0, got {algo.projection_beta}")
-            if algo.set_mass_coef > 0 or algo.kl_coef > 0:
-                raise ValueError(
-                    "algo.operation_objective=projection: its target already weighs the reward against the reference "
-                    "(projection_beta) and keeps the operations' mass; set algo.set_mass_coef=0 and algo.kl_coef=0"
-                )
+        if algo.operation_objective == "projection" and (algo.set_mass_coef > 0 or algo.kl_coef > 0):
+            raise ValueError(
+                "algo.operation_objective=projection: its target already weighs the reward against the reference "
+                "(projection_beta) and keeps the operations' mass; set algo.set_mass_coef=0 and algo.kl_coef=0"
+            )
+        if algo.operation_objective == "listwise" and algo.kl_coef > 0:
+            raise ValueError(
+                "algo.operation_objective=listwise: its target already weighs the reward against the reference "
+                "(projection_beta); set algo.kl_coef=0 (algo.set_mass_coef holds the operations' mass)"
+            )
 
 
 # The Manager's operations as algo.operation_weights names them (OpKind's values, lower case).

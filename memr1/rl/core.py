@@ -320,6 +320,55 @@ def enumerated_projection(
     )
 
 
+def enumerated_listwise(
+    seq_logprobs: Tensor,
+    rewards: Tensor,
+    ref_seq_logprobs: Tensor,
+    beta: float,
+    temperature: float = 1.0,
+    set_mass_coef: float = 0.0,
+) -> EnumeratedObjective:
+    """The choice among one state's enumerated actions drawn to the KL-regularised best one: the
+    cross-entropy from q* to the policy renormalised over the actions (ListNet's listwise loss with
+    q* as the target list), instead of `enumerated_projection`'s to the policy itself.
+
+    seq_logprobs (n,): log pi(a) of each action's whole response, with its graph; rewards (n,);
+    ref_seq_logprobs (n,): the reference policy's.
+
+    q* = softmax(log q_ref + R / beta) as in `enumerated_projection`, q = softmax(seq_logprobs / T) and
+    J = sum_a q*(a) log q(a) + set_mass_coef * min(0, log m - log m_ref), m = sum_a pi(a). Its gradient
+    in log pi(a) is (q*(a) - q(a)) / T, plus set_mass_coef * pi(a) / m where m fell below m_ref:
+    - it moves only the choice. The projection's sum_a q*(a) log pi(a) is this first term plus log m,
+      whose gradient raises every action by its share of m, the likeliest (a Manager's ADD) most; here
+      a state where q already is q* pushes nothing, and one where q* wants a rare action pushes it up
+      and the action q over-weighs down, each by the difference of the two shares;
+    - the mass outside the actions (malformed replies) is not held by the first term: the second holds
+      it where it fell below the reference's. There, at set_mass_coef 1, the gradient is q*(a): the
+      projection's, without its division by the replies' mean length;
+    - its maximiser is q = q* (tempered alike), whatever the mass, which the second term keeps at or
+      above the reference's.
+    """
+    _require_rank(seq_logprobs, "seq_logprobs", 1, "(n,)")
+    _require_same_shape(seq_logprobs=seq_logprobs, rewards=rewards, ref_seq_logprobs=ref_seq_logprobs)
+    if temperature <= 0 or beta <= 0:
+        raise ValueError(f"enumerated_listwise: temperature and beta must be > 0, got {temperature} and {beta}")
+    if set_mass_coef < 0:
+        raise ValueError(f"enumerated_listwise: set_mass_coef must be >= 0, got {set_mass_coef}")
+    log_q_ref = torch.log_softmax(ref_seq_logprobs.float() / temperature, dim=0)
+    target = torch.softmax(log_q_ref + rewards.float() / beta, dim=0)
+    log_q = torch.log_softmax(seq_logprobs.float() / temperature, dim=0)
+    log_set_mass = torch.logsumexp(seq_logprobs.float(), dim=0)
+    mass_term = (log_set_mass - torch.logsumexp(ref_seq_logprobs.float(), dim=0)).clamp(max=0.0)
+    q = log_q.detach().exp()
+    return EnumeratedObjective(
+        objective=(target * log_q).sum() + set_mass_coef * mass_term,
+        probs=q,
+        expected_reward=(q * rewards.float()).sum(),
+        kl=(q * (log_q.detach() - log_q_ref)).sum(),
+        set_mass=log_set_mass.detach().exp(),
+    )
+
+
 # --- rewards and advantages ------------------------------------------------------------------------
 
 
