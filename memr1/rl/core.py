@@ -279,6 +279,13 @@ def enumerated_objective(
     )
 
 
+def kl_regularised_target(ref_seq_logprobs: Tensor, rewards: Tensor, beta: float, temperature: float) -> tuple[Tensor, Tensor]:
+    """(log q_ref, q*), each (n,): the reference renormalised over a state's n actions and flattened by
+    T, and q* = softmax(log q_ref + R / beta), the maximiser of E_q[R] - beta KL(q || q_ref)."""
+    log_q_ref = torch.log_softmax(ref_seq_logprobs.float() / temperature, dim=0)
+    return log_q_ref, torch.softmax(log_q_ref + rewards.float() / beta, dim=0)
+
+
 def enumerated_projection(
     seq_logprobs: Tensor,
     response_lengths: Tensor,
@@ -307,8 +314,7 @@ def enumerated_projection(
     _require_same_shape(seq_logprobs=seq_logprobs, rewards=rewards, ref_seq_logprobs=ref_seq_logprobs, response_lengths=response_lengths)
     if temperature <= 0 or beta <= 0:
         raise ValueError(f"enumerated_projection: temperature and beta must be > 0, got {temperature} and {beta}")
-    log_q_ref = torch.log_softmax(ref_seq_logprobs.float() / temperature, dim=0)
-    target = torch.softmax(log_q_ref + rewards.float() / beta, dim=0)
+    log_q_ref, target = kl_regularised_target(ref_seq_logprobs, rewards, beta, temperature)
     log_q = torch.log_softmax(seq_logprobs.detach().float() / temperature, dim=0)
     q = log_q.exp()
     return EnumeratedObjective(
@@ -354,8 +360,7 @@ def enumerated_listwise(
         raise ValueError(f"enumerated_listwise: temperature and beta must be > 0, got {temperature} and {beta}")
     if set_mass_coef < 0:
         raise ValueError(f"enumerated_listwise: set_mass_coef must be >= 0, got {set_mass_coef}")
-    log_q_ref = torch.log_softmax(ref_seq_logprobs.float() / temperature, dim=0)
-    target = torch.softmax(log_q_ref + rewards.float() / beta, dim=0)
+    log_q_ref, target = kl_regularised_target(ref_seq_logprobs, rewards, beta, temperature)
     log_q = torch.log_softmax(seq_logprobs.float() / temperature, dim=0)
     log_set_mass = torch.logsumexp(seq_logprobs.float(), dim=0)
     mass_term = (log_set_mass - torch.logsumexp(ref_seq_logprobs.float(), dim=0)).clamp(max=0.0)
