@@ -407,7 +407,7 @@ def _run_agents(args: argparse.Namespace) -> int:
         print(json.dumps(cards, indent=2))
         return 0
     table = Table(title="shipped agents (use as ckpt=trained:NAME, --answer trained:NAME, ...)")
-    for column in ("name", "agent", "warm start", "split", "F1", "ΔF1 vs its start [95%]"):
+    for column in ("name", "agent", "warm start", "split", "F1", "ΔF1 vs its start [95%]", "limits (card.md)"):
         table.add_column(column, overflow="fold")  # a name cut to "trained:answer…" names no agent
     for entry in cards:
         evaluation = entry["evaluation"]
@@ -416,7 +416,7 @@ def _run_agents(args: argparse.Namespace) -> int:
             f"{versus['overall']['f1']['delta']:+.2f} [{versus['overall']['f1']['low']:+.2f}, {versus['overall']['f1']['high']:+.2f}]"
         )
         table.add_row(TRAINED_PREFIX + entry["name"], entry["agent"], entry["warm_start"] or "-", evaluation["split"],
-                      f"{evaluation['scores'].get('f1', float('nan')):.2f}", delta)
+                      f"{evaluation['scores'].get('f1', float('nan')):.2f}", delta, str(len(entry.get("limits", []))))
     Console().print(table if cards else "no shipped agents")
     return 0
 

@@ -13,7 +13,8 @@ An export trained from a warm start (its `warm_start.json`) is shipped after tha
 digests are compared), so the shipped chain is the trained one. The card records the test scores of
 `--eval` (an `evaluate.py` run of this export), its paired comparison with `--versus` (the run of the
 agent it started from), the first answers of that evaluation (a spot check any machine can re-run),
-the precision they were decoded in, and the commands that trained and scored it.
+the precision they were decoded in, the commands that trained and scored it, and the limits measured
+where it was not trained (`--limit`, each with its file), so that no one ships it where it does harm.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def card_markdown(card: dict[str, Any]) -> str:
     lines += ["", "## How it was trained", "", f"    {card['trained']['command']}"]
     if card["trained"].get("steps"):
         lines.append(f"\n{card['trained']['steps']} optimiser steps.")
+    if card.get("limits"):
+        lines += ["", "## Limits", "", *(f"- {limit}" for limit in card["limits"])]
     lines += ["", "## Re-score", "", f"    {card['rescore']}", ""]
     return "\n".join(lines)
 
@@ -165,6 +168,7 @@ def ship(args: argparse.Namespace) -> Path:
         "trained": trained,
         "evaluation": evaluation,
         "rescore": rescore,
+        "limits": list(args.limit),
     }
     (staging / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
     (staging / "card.md").write_text(card_markdown(card))
@@ -187,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-command", required=True, help="the command that trained it")
     parser.add_argument("--eval-overrides", nargs="*", default=[], help="evaluate.py overrides of the scoring run, for the card's re-score command")
     parser.add_argument("--rescore", help="the full re-score command, in place of one built from --eval-overrides")
+    parser.add_argument("--limit", action="append", default=[],
+                        help="a measured limit a user should know before choosing it, with its file under results/ (repeatable)")
     parser.add_argument("--replace", action="store_true", help="ship over an agent of the same name")
     target = ship(parser.parse_args(argv))
     print(f"shipped {TRAINED_PREFIX}{target.name} -> {target}")

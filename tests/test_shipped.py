@@ -19,6 +19,7 @@ from memr1.shipped import TRAINED_DIR_ENV, card, shipped_agents, shipped_path
 from memr1.llm.testing import save_lora_export, save_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
+LIMIT = "on another set's test split: F1 -7.60 [-9.21, -6.04] against ADD-all (results/compare.json)"
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def test_a_shipped_chain_loads_by_name_exactly_as_the_run_exports(backbone, tmp_
     wrong = ship(root, "--name", "rl", "--export", str(rl), "--eval", str(rl_eval), "--warm-start", "trained:other", *common)
     assert wrong.returncode != 0 and "is not the one" in wrong.stderr
     shipped = ship(root, "--name", "rl", "--export", str(rl), "--eval", str(rl_eval), "--versus", str(base_eval),
-                   "--warm-start", "trained:sft", "--eval-overrides", "split=test", *common)
+                   "--warm-start", "trained:sft", "--eval-overrides", "split=test", "--limit", LIMIT, *common)
     assert shipped.returncode == 0, shipped.stderr
     # Shipping over an agent takes --replace.
     again = ship(root, "--name", "sft", "--export", str(sft), "--eval", str(base_eval), *common)
@@ -105,6 +106,9 @@ def test_a_shipped_chain_loads_by_name_exactly_as_the_run_exports(backbone, tmp_
     assert rl_card["evaluation"]["spot_check"][1] == {"qid": "q2", "prediction": "b"}
     assert rl_card["rescore"] == "python evaluate.py split=test precision=fp32 ckpt=trained:rl"
     assert "ΔF1 +33.33" in (root / "rl" / "card.md").read_text()
+    # A limit measured where it was not trained goes on the card, and only on the card it was given to.
+    assert rl_card["limits"] == [LIMIT] and f"## Limits\n\n- {LIMIT}\n" in (root / "rl" / "card.md").read_text()
+    assert card("trained:sft")["limits"] == [] and "## Limits" not in (root / "sft" / "card.md").read_text()
 
     listing = subprocess.run([sys.executable, "-m", "memr1.cli", "agents", "--json"], env={**os.environ, TRAINED_DIR_ENV: str(root)},
                              capture_output=True, text=True, timeout=120)
