@@ -128,11 +128,13 @@ def train_summary(train_run: Path | None, command: str) -> dict[str, Any]:
     return summary
 
 
-def kept_training(target: Path, adapter_sha256: str) -> dict[str, Any] | None:
-    """The `trained` record of the card shipped at `target`, when it is the same adapter: re-scoring an
-    agent (a new `--eval`) keeps how it was trained after its train run's files are gone."""
+def same_adapter_card(target: Path, adapter_sha256: str) -> dict[str, Any] | None:
+    """The card shipped at `target`, when it is of the same adapter: re-scoring an agent (a new
+    `--eval`) keeps how it was trained after its train run's files are gone, and its measured limits."""
+    if not target.exists():
+        return None
     shipped = json.loads((target / CARD_FILE).read_text())
-    return shipped["trained"] if shipped.get("adapter_sha256") == adapter_sha256 else None
+    return shipped if shipped.get("adapter_sha256") == adapter_sha256 else None
 
 
 def ship(args: argparse.Namespace) -> Path:
@@ -153,8 +155,11 @@ def ship(args: argparse.Namespace) -> Path:
         (staging / WARM_START_FILE).write_text(json.dumps({"init": args.warm_start}) + "\n")
     adapter_sha256 = adapter_digest(staging)
     trained = train_summary(Path(args.train_run) if args.train_run else None, args.train_command)
-    if args.train_run is None and target.exists():
-        trained = kept_training(target, adapter_sha256) or trained
+    previous = same_adapter_card(target, adapter_sha256)
+    if args.train_run is None and previous is not None:
+        trained = previous["trained"]
+    # A re-score that names no limit keeps those measured before: a warning is not lost by re-shipping.
+    limits = list(args.limit) or (previous.get("limits", []) if previous is not None else [])
     evaluation = evaluation_summary(Path(args.eval), Path(args.versus) if args.versus else None)
     # The precision the answers were decoded in, named: `auto` would pick fp32 on a CPU without bf16 units.
     overrides = [*args.eval_overrides, f"precision={evaluation['settings'].get('precision', 'fp32')}"]
@@ -168,7 +173,7 @@ def ship(args: argparse.Namespace) -> Path:
         "trained": trained,
         "evaluation": evaluation,
         "rescore": rescore,
-        "limits": list(args.limit),
+        "limits": limits,
     }
     (staging / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
     (staging / "card.md").write_text(card_markdown(card))

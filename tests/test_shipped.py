@@ -109,6 +109,10 @@ def test_a_shipped_chain_loads_by_name_exactly_as_the_run_exports(backbone, tmp_
     # A limit measured where it was not trained goes on the card, and only on the card it was given to.
     assert rl_card["limits"] == [LIMIT] and f"## Limits\n\n- {LIMIT}\n" in (root / "rl" / "card.md").read_text()
     assert card("trained:sft")["limits"] == [] and "## Limits" not in (root / "sft" / "card.md").read_text()
+    # Re-scored without --limit, the same adapter keeps the limits measured before.
+    rescored = ship(root, "--name", "rl", "--export", str(rl), "--eval", str(base_eval), "--warm-start", "trained:sft", "--replace", *common)
+    assert rescored.returncode == 0, rescored.stderr
+    assert card("trained:rl")["limits"] == [LIMIT]
 
     listing = subprocess.run([sys.executable, "-m", "memr1.cli", "agents", "--json"], env={**os.environ, TRAINED_DIR_ENV: str(root)},
                              capture_output=True, text=True, timeout=120)
